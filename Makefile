@@ -1,0 +1,31 @@
+# Two set-up commands work on a fresh machine: `make demo` and `make test`.
+# Both create .venv/ on first use: torch==2.13.0 first (CPU wheel), then the project,
+# with constraints.txt keeping every later install from swapping torch.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test bench peers clean-venv
+
+$(BIN)/prefixcache: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/prefixcache
+
+demo: $(BIN)/prefixcache
+	$(BIN)/prefixcache demo
+
+test: $(BIN)/prefixcache
+	$(BIN)/python -m pytest tests
+
+bench: $(BIN)/prefixcache
+	$(BIN)/prefixcache bench --workload all --out benchmarks
+
+peers:
+	bash scripts/install_peers.sh
+
+clean-venv:
+	rm -rf $(VENV)

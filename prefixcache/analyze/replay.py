@@ -1,0 +1,167 @@
+"""Replaying tokenized requests through the cache core (``KVCacheManager``).
+
+One request at a time, in log order, exactly as the engine drives the core::
+
+    pt = mgr.new_page_table(request_id, prompt_ids, tenant=..., cache_salt=...)
+    hit = mgr.take_hits(pt)          # whole pages, never the last prompt token
+    mgr.allocate(pt, rest); mgr.commit(pt, rest)      # prefill publishes full pages
+    mgr.record_query(len(prompt_ids), hit)
+    (response tokens appended, allocated and committed: decode pages are published)
+    mgr.free(pt)                     # pages become cached-free (LRU-evictable)
+
+Responses: the engine writes KV for every generated token but the last (the last
+sampled token is never fed back), so ``len(response_ids) - 1`` response tokens are
+committed and the pages they fill are published. They never count as hits of the
+request that generated them; the next turn hits them when it repeats the answer.
+
+Capacity: ``capacity_tokens // block_size`` pages; ``None`` = unlimited (a page for
+every prompt and response token of the log, so nothing is ever evicted). A request
+larger than the whole pool cannot run: it counts as a query with 0 cached tokens and
+``fits=False``. With ``ttl_seconds`` and timestamps, pages idle longer than the TTL
+expire (:mod:`.expiry`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prefixcache.analyze.expiry import IdleExpiry
+from prefixcache.analyze.records import TokenizedRequest
+from prefixcache.cache.manager import KVCacheManager
+
+
+@dataclass
+class CallResult:
+    prompt_tokens: int
+    cached_tokens: int
+    response_tokens_published: int = 0
+    fits: bool = True
+
+
+@dataclass
+class PageUse:
+    """When a page's content (by hash) was first published and last used (s)."""
+
+    first: float
+    last: float
+    reads: int = 0
+
+
+@dataclass
+class ReplayResult:
+    block_size: int
+    num_pages: int
+    capacity_tokens: int | None
+    calls: list[CallResult]
+    stats: dict
+    expired_pages: int = 0
+    prompt_hashes: list[list[bytes]] | None = None
+    page_use: dict[bytes, PageUse] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(c.prompt_tokens for c in self.calls)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(c.cached_tokens for c in self.calls)
+
+    @property
+    def hit_rate(self) -> float:
+        p = self.prompt_tokens
+        return self.cached_tokens / p if p else 0.0
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for c in self.calls if not c.fits)
+
+
+def pages_for_all(requests: list[TokenizedRequest], block_size: int) -> int:
+    """Pages that hold every prompt and response token of the log."""
+    return max(1, sum(-(-(len(r.prompt_ids) + len(r.response_ids)) // block_size)
+                      for r in requests))
+
+
+@dataclass
+class ReplayConfig:
+    block_size: int = 16
+    capacity_tokens: int | None = None
+    publish_responses: bool = True
+    ttl_seconds: float | None = None
+    keep_hashes: bool = False
+    track_page_use: bool = False
+    model_id: str = field(default="")
+
+
+def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
+           **kwargs) -> ReplayResult:
+    """Replay ``requests`` through a fresh ``KVCacheManager``.
+
+    Args:
+        cfg: the settings (or pass :class:`ReplayConfig` fields as keywords).
+
+    Raises:
+        ValueError: ``block_size < 1`` or a capacity below one page.
+    """
+    cfg = cfg or ReplayConfig(**kwargs)
+    bs = cfg.block_size
+    if cfg.capacity_tokens is None:
+        num_pages = pages_for_all(requests, bs)
+    else:
+        num_pages = cfg.capacity_tokens // bs
+        if num_pages < 1:
+            raise ValueError(f"capacity of {cfg.capacity_tokens} tokens is less than one "
+                             f"page of {bs}")
+    mgr = KVCacheManager(num_pages, block_size=bs, model_id=cfg.model_id)
+    expiry = IdleExpiry(mgr, cfg.ttl_seconds) if cfg.ttl_seconds else None
+    calls: list[CallResult] = []
+    hashes: list[list[bytes]] | None = [] if cfg.keep_hashes else None
+    page_use: dict[bytes, PageUse] | None = {} if cfg.track_page_use else None
+    for r in requests:
+        req = r.request
+        now = req.timestamp
+        if expiry is not None and now is not None:
+            expiry.expire(now)
+        prompt = r.prompt_ids
+        pt = mgr.new_page_table(req.request_id, list(prompt), tenant=req.tenant,
+                                cache_salt=req.cache_salt)
+        hit = mgr.take_hits(pt)
+        n = len(prompt) - pt.num_computed_tokens
+        if not mgr.allocate(pt, n):
+            mgr.free(pt)
+            mgr.record_query(len(prompt), 0)
+            calls.append(CallResult(len(prompt), 0, 0, fits=False))
+            if hashes is not None:
+                hashes.append([])
+            continue
+        mgr.commit(pt, n)
+        mgr.record_query(len(prompt), hit)
+        full = len(prompt) // bs
+        if hashes is not None or page_use is not None:
+            ph = list(mgr.page_hashes(pt, full))
+            if hashes is not None:
+                hashes.append(ph)
+            if page_use is not None:
+                t = now if now is not None else float(len(calls))
+                for i, h in enumerate(ph):
+                    u = page_use.get(h)
+                    if u is None:
+                        page_use[h] = PageUse(t, t)
+                    else:
+                        u.last = t
+                        if i < hit // bs:
+                            u.reads += 1
+        published = 0
+        resp = r.response_ids
+        if cfg.publish_responses and len(resp) > 1:
+            pt.token_ids.extend(resp)
+            if mgr.allocate(pt, len(resp) - 1):
+                mgr.commit(pt, len(resp) - 1)
+                published = len(resp) - 1
+        if expiry is not None and now is not None:
+            expiry.touch(pt, now)
+        mgr.free(pt)
+        calls.append(CallResult(len(prompt), hit, published))
+    return ReplayResult(block_size=bs, num_pages=num_pages,
+                        capacity_tokens=cfg.capacity_tokens, calls=calls,
+                        stats=mgr.stats(), prompt_hashes=hashes, page_use=page_use,
+                        expired_pages=expiry.expired_pages if expiry else 0)

@@ -1,0 +1,49 @@
+"""``prefixcache generate | serve | bench | bench-cache | analyze | demo``.
+
+Each subcommand lives in its own package and is imported only when used, so
+``prefixcache analyze`` never loads torch models and ``--help`` is instant.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module exposing add_parser(subparsers) and run(args) -> int
+SUBCOMMANDS = {
+    "generate": "prefixcache.engine.cli",
+    "demo": "prefixcache.engine.demo",
+    "serve": "prefixcache.server.cli",
+    "bench": "prefixcache.bench.cli",
+    "bench-cache": "prefixcache.bench.cache_core",
+    "analyze": "prefixcache.analyze.cli",
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prefixcache", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, module in SUBCOMMANDS.items():
+        if wanted in SUBCOMMANDS and name != wanted:
+            sub.add_parser(name)  # listed, not loaded
+            continue
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("prefixcache"):
+                continue  # subcommand not built yet
+            raise
+        p = mod.add_parser(sub)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Request state, the scheduler, the engine loop and the offline ``LLM`` API."""

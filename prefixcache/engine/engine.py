@@ -1,0 +1,263 @@
+"""The engine loop: schedule a step, run the model over the paged KV, sample, publish.
+
+``LLMEngine`` is synchronous and single-threaded: ``add_request`` / ``abort_request``
+queue work, each ``step()`` runs one model step and returns the outputs of requests that
+produced a token or finished. The server drives it from a background thread; the
+offline ``LLM`` drives it in a loop.
+
+Publication rule: pages are committed (published) only after the model step and the
+sampling that reads its logits completed without error (on CUDA, ``tolist()`` of the
+sampled tokens synchronizes the stream first). A failing step publishes nothing,
+withdraws its in-flight registrations and finishes the step's requests with
+``finish_reason="error"``; the engine keeps serving.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from prefixcache.cache.manager import KVCacheManager
+from prefixcache.config import EngineConfig
+from prefixcache.engine.output_processor import OutputProcessor
+from prefixcache.engine.request import Request, RequestStatus
+from prefixcache.engine.scheduler import Scheduler, ScheduledSeq
+from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
+from prefixcache.model.kv_pool import KVPool
+from prefixcache.model.loader import LoadedModel, load_model
+from prefixcache.model.sampler import sample
+from prefixcache.outputs import RequestOutput
+from prefixcache.sampling_params import ParamError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at ``max_waiting_requests``; retry later."""
+
+
+class LLMEngine:
+    """Continuous-batching engine over a paged KV pool with prefix caching.
+
+    Args:
+        config: engine configuration.
+        loaded: an already loaded model (tests); default loads ``config.model``.
+        clock: time source in seconds (tests inject a fake clock).
+
+    Raises:
+        ValueError / FileNotFoundError: from model loading or configuration.
+    """
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.config = config
+        self.clock = clock
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = torch.device(config.device)
+        self.loaded = loaded or load_model(config.model, device=config.device, dtype=config.dtype)
+        self.model = self.loaded.model
+        self.model_config = self.loaded.config
+        self.tokenizer = self.loaded.tokenizer
+        mc = self.model_config
+        bs = config.block_size
+        per_token = KVPool.bytes_per_token(mc.num_hidden_layers, mc.num_key_value_heads,
+                                           mc.head_dim, config.torch_dtype)
+        num_pages = config.num_pages or max(2, config.kv_cache_bytes // (per_token * bs))
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
+                                 mc.max_position_embeddings, num_pages * bs)
+        caching = config.enable_prefix_caching
+        window = getattr(mc, "sliding_window", None)
+        if caching and window and window < self.max_model_len:
+            log.warning("model uses sliding-window attention (%d tokens): prefix caching "
+                        "is switched off, cached_tokens will be 0", window)
+            caching = False
+        self.enable_prefix_caching = caching
+        self.kv = KVPool(mc.num_hidden_layers, num_pages, bs, mc.num_key_value_heads,
+                         mc.head_dim, config.torch_dtype, self.device)
+        self.cache = KVCacheManager(num_pages, bs, enable_prefix_caching=caching,
+                                    model_id=self.loaded.model_id,
+                                    root_seed=config.hash_root_seed,
+                                    shuffle_seed=config.shuffle_seed)
+        self.scheduler = Scheduler(config, self.cache, clock)
+        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
+                         "steps": 0, "failed_steps": 0, "requests_finished": 0,
+                         "requests_aborted": 0}
+        self._pending_outputs: list[RequestOutput] = []
+
+    # -- requests ------------------------------------------------------------------------
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise :class:`ParamError` naming the bad parameter."""
+        if not prompt_token_ids:
+            raise ParamError("prompt", "the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or t < 0 or t >= vocab]
+        if bad:
+            raise ParamError("prompt", f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:
+            raise ParamError("stop_token_ids", f"token id {bad[0]} is outside the vocabulary")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise ParamError("prompt", f"the prompt has {n} tokens; this model's maximum "
+                             f"context length is {self.max_model_len} tokens, leaving no "
+                             "room for output")
+        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+            raise ParamError("max_tokens", f"max_tokens={params.max_tokens} plus the prompt's "
+                             f"{n} tokens exceeds the maximum context length "
+                             f"{self.max_model_len}")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams | None = None, *, prompt: str | None = None,
+                    tenant: str | None = None, cache_salt: str | None = None,
+                    extra_keys: tuple = (), arrival_time: float | None = None) -> Request:
+        """Queue a request.
+
+        Raises:
+            ParamError: invalid prompt or parameters (names the parameter).
+            ValueError: ``request_id`` is already in use.
+            QueueFullError: the waiting queue is full.
+        """
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        self.validate(prompt_token_ids, params)
+        limit = self.config.max_waiting_requests
+        if limit is not None and len(self.scheduler.waiting) >= limit:
+            raise QueueFullError(f"{len(self.scheduler.waiting)} requests are waiting")
+        req = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
+                      sampling_params=params, prompt=prompt, tenant=tenant,
+                      cache_salt=cache_salt, extra_keys=tuple(extra_keys),
+                      arrival_time=self.clock() if arrival_time is None else arrival_time)
+        if params.seed is not None:
+            req.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.outputs.start(req)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return req
+
+    def abort_request(self, request_id: str) -> bool:
+        """Abort a request; its pages return to the pool. ``False`` if unknown/finished."""
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
+            return False
+        self._finish(req, "abort")
+        self.counters["requests_aborted"] += 1
+        self._pending_outputs.append(self.outputs.make_output(req))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        req.finish_reason = reason
+        req.error = error
+        req.status = RequestStatus.FINISHED
+        req.metrics.finished_time = self.clock()
+        if not req.cached_final:
+            req.cached_final = True
+        self.scheduler.remove(req)
+        self.requests.pop(req.request_id, None)
+
+    # -- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one model step. Returns outputs of requests that produced a token,
+        finished, or were aborted since the last step."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return outputs
+        self.counters["steps"] += 1
+        batch, sample_rows = self._build_batch(plan.scheduled)
+        try:
+            logits = self.model.forward(batch, self.kv)
+            samplers = [s for s in plan.scheduled if s.samples]
+            rows = [sample_rows[id(s.request)] for s in samplers]
+            tokens, lps = sample(
+                logits[rows] if rows else logits[:0],
+                [s.request.sampling_params for s in samplers],
+                [s.request.generator for s in samplers],
+                [s.request.output_token_ids for s in samplers],
+                self.generator)
+        except Exception as exc:  # the engine keeps serving; the step's requests fail
+            log.exception("model step failed")
+            self.counters["failed_steps"] += 1
+            for s in plan.scheduled:
+                self.cache.fail_step(s.request.page_table)
+            for s in plan.scheduled:
+                self._finish(s.request, "error", f"{type(exc).__name__}: {exc}")
+                outputs.append(self.outputs.make_output(s.request))
+            return outputs
+        for s in plan.scheduled:
+            req = s.request
+            if req.in_prefill:
+                self.counters["prefill_tokens_computed"] += s.num_tokens
+            else:
+                self.counters["decode_tokens_computed"] += s.num_tokens
+            self.cache.commit(req.page_table, s.num_tokens)
+        now = self.clock()
+        for s, tok, lp in zip(samplers, tokens, lps):
+            req = s.request
+            if not req.prefill_done:
+                req.prefill_done = True
+                if not req.cached_final:
+                    req.cached_final = True
+                self.cache.record_query(req.num_prompt_tokens, req.num_cached_tokens,
+                                        req.num_inflight_hit_tokens)
+            reason = self.outputs.append_token(req, tok, lp, now)
+            if reason is not None:
+                self._finish(req, reason)
+                self.counters["requests_finished"] += 1
+            outputs.append(self.outputs.make_output(req))
+        return outputs
+
+    def _build_batch(self, scheduled: list[ScheduledSeq]) -> tuple[ForwardBatch, dict[int, int]]:
+        bs = self.config.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seqs: list[SeqChunk] = []
+        logits_rows: list[int] = []
+        sample_rows: dict[int, int] = {}
+        for s in scheduled:
+            req, n = s.request, s.num_tokens
+            pages = req.page_table.pages
+            start = req.page_table.num_computed_tokens
+            end = start + n
+            q_start = len(ids)
+            ids.extend(req.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(pages[p // bs] * bs + p % bs for p in range(start, end))
+            seqs.append(SeqChunk(q_start, n, end, torch.tensor(
+                pages[:-(-end // bs)], dtype=torch.long, device=self.device)))
+            if s.samples:
+                sample_rows[id(req)] = len(logits_rows)
+                logits_rows.append(q_start + n - 1)
+        dev = self.device
+        batch = ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            seqs=seqs,
+            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
+            deterministic=self.config.deterministic)
+        return batch, sample_rows
+
+    # -- introspection -------------------------------------------------------------------
+    def stats(self) -> dict[str, int | float]:
+        """Cache counters and gauges, engine counters, queue lengths."""
+        d = self.cache.stats()
+        d.update(self.counters)
+        d.update(requests_running=len(self.scheduler.running),
+                 requests_waiting=len(self.scheduler.waiting),
+                 num_preemptions=self.scheduler.num_preemptions)
+        return d
+
+    def reset_prefix_cache(self):
+        """Drop unreferenced cached pages; running requests are unaffected."""
+        return self.cache.reset()

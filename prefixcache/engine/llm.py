@@ -1,0 +1,120 @@
+"""The offline API, shaped like vLLM's ``LLM``.
+
+    from prefixcache import LLM, SamplingParams
+    llm = LLM(model="builtin:tiny", block_size=16, enable_prefix_caching=True)
+    outs = llm.generate(["Hello"], SamplingParams(max_tokens=16, temperature=0.0))
+    outs[0].outputs[0].text, outs[0].num_cached_tokens, outs[0].ttft
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+from prefixcache.config import EngineConfig
+from prefixcache.engine.engine import LLMEngine
+from prefixcache.outputs import RequestOutput
+from prefixcache.sampling_params import ParamError, SamplingParams
+
+PromptType = str | dict[str, Any]
+
+
+class LLM:
+    """Load a model and generate completions offline.
+
+    Args:
+        model: Hugging Face model directory or ``"builtin:tiny"``.
+        **kwargs: any :class:`~prefixcache.config.EngineConfig` field (``block_size``,
+            ``num_pages``, ``max_num_batched_tokens``, ``enable_prefix_caching``,
+            ``device``, ``dtype``, ``deterministic``, ...).
+
+    Raises:
+        ValueError: an invalid configuration value (the message names it).
+        FileNotFoundError: the model directory or its weights are missing.
+    """
+
+    def __init__(self, model: str = "builtin:tiny", **kwargs: Any):
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def _prompt_ids(self, prompt: PromptType) -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ParamError("prompt", "this model has no tokenizer; pass prompt_token_ids")
+            return self.tokenizer.encode(prompt), prompt
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"]), prompt.get("prompt")
+        if isinstance(prompt, dict) and "prompt" in prompt:
+            return self._prompt_ids(prompt["prompt"])
+        raise ParamError("prompt", "expected a string or a {'prompt_token_ids': [...]} dict")
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 tenant: str | None = None, cache_salt: str | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate for every prompt, all batched together; outputs in prompt order.
+
+        Args:
+            prompts: strings or ``{"prompt_token_ids": [...]}`` dicts (or one of them).
+            sampling_params: one for all prompts, or one per prompt.
+            tenant, cache_salt: the cache namespace of these requests.
+            use_tqdm: show a progress bar.
+
+        Raises:
+            ParamError: an invalid prompt or parameter; nothing is queued then.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ParamError("sampling_params", "need one per prompt")
+        encoded = [self._prompt_ids(p) for p in prompts]
+        for (ids, _), sp in zip(encoded, params):
+            self.engine.validate(ids, sp)
+        order = []
+        for (ids, text), sp in zip(encoded, params):
+            rid = f"offline-{next(self._ids)}"
+            self.engine.add_request(rid, ids, sp, prompt=text, tenant=tenant,
+                                    cache_salt=cache_salt)
+            order.append(rid)
+        return self._run(order, use_tqdm)
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | None = None, *, tools: list | None = None,
+             tenant: str | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, rendered with the
+        model's chat template."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": self.tokenizer.apply_chat_template(c, tools=tools)}
+                   for c in convs]
+        return self.generate(prompts, sampling_params, tenant=tenant, cache_salt=cache_salt)
+
+    def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(order), desc="generate")
+        wanted = set(order)
+        while len(done) < len(order):
+            if not self.engine.has_unfinished_requests():
+                raise RuntimeError("engine stopped with requests unfinished")
+            for out in self.engine.step():
+                if out.finished and out.request_id in wanted:
+                    done[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [done[r] for r in order]
+
+    def stats(self) -> dict[str, int | float]:
+        """``prefix_cache_queries``, ``prefix_cache_hits`` (tokens), ``hit_rate``,
+        ``prefill_tokens_computed``, ``pages_total/free/cached/live`` and more."""
+        return self.engine.stats()
+
+    def reset_prefix_cache(self):
+        return self.engine.reset_prefix_cache()

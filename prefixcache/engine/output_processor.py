@@ -1,0 +1,112 @@
+"""Turns sampled tokens into request state: text, logprobs, stop conditions, outputs."""
+from __future__ import annotations
+
+from prefixcache.engine.request import Request
+from prefixcache.model.detokenizer import IncrementalDetokenizer
+from prefixcache.model.sampler import TokenLogprobs
+from prefixcache.model.tokenizer import Tokenizer
+from prefixcache.outputs import CompletionOutput, Logprob, RequestOutput
+
+
+class OutputProcessor:
+    """Detokenizes incrementally and decides when a request stops.
+
+    Stop conditions, checked after every token in this order: a stop token id or EOS
+    (``finish_reason="stop"``; EOS ignored with ``ignore_eos`` and before ``min_tokens``),
+    a stop string in the new text (``"stop"``, the text is cut before it unless
+    ``include_stop_str_in_output``), ``max_tokens`` or the context length (``"length"``).
+    The stopping token stays in ``token_ids``, as in vLLM.
+
+    Args:
+        tokenizer: or ``None`` (token ids only; ``text`` stays empty).
+        max_model_len: context length in tokens.
+    """
+
+    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+
+    def start(self, req: Request) -> None:
+        if self.tokenizer is not None:
+            req.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, req.prompt_token_ids, req.sampling_params.skip_special_tokens)
+
+    def append_token(self, req: Request, token: int, lp: TokenLogprobs | None,
+                     now: float) -> str | None:
+        """Record one generated token. Returns the finish reason, or ``None``."""
+        p = req.sampling_params
+        req.all_token_ids.append(token)
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        req.metrics.last_token_time = now
+        if lp is not None and req.logprobs is not None:
+            req.logprobs.append(self._logprob_dict(lp))
+            req.cumulative_logprob = (req.cumulative_logprob or 0.0) + lp.logprob
+        n_out = req.num_output_tokens
+        if n_out >= p.min_tokens:
+            if token in p.stop_token_ids:
+                req.stop_reason = token
+                self._flush(req)
+                return "stop"
+            eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else set()
+            if not p.ignore_eos and token in eos:
+                self._flush(req)
+                return "stop"
+        if req.detokenizer is not None:
+            delta = req.detokenizer.push([token])
+            if p.stop and delta and n_out >= p.min_tokens and self._check_stop_strings(req, delta):
+                return "stop"
+            req.text = self._visible(req)
+        if p.max_tokens is not None and n_out >= p.max_tokens:
+            self._flush(req)
+            return "length"
+        if len(req.all_token_ids) >= self.max_model_len:
+            self._flush(req)
+            return "length"
+        return None
+
+    def _visible(self, req: Request) -> str:
+        return req.detokenizer.text
+
+    def _flush(self, req: Request) -> None:
+        if req.detokenizer is not None:
+            req.detokenizer.flush()
+            req.text = req.detokenizer.text
+
+    def _check_stop_strings(self, req: Request, delta: str) -> bool:
+        """Find the earliest stop string that ends inside the new text."""
+        p = req.sampling_params
+        text = req.detokenizer.text
+        longest = max(len(s) for s in p.stop)
+        lo = max(0, len(text) - len(delta) - longest + 1)
+        best: tuple[int, str] | None = None
+        for s in p.stop:
+            k = text.find(s, lo)
+            if k != -1 and (best is None or k < best[0]):
+                best = (k, s)
+        if best is None:
+            return False
+        k, s = best
+        req.text = text[:k + len(s)] if p.include_stop_str_in_output else text[:k]
+        req.stop_reason = s
+        return True
+
+    def _logprob_dict(self, lp: TokenLogprobs) -> dict[int, Logprob]:
+        dec = self.tokenizer.decode_token if self.tokenizer is not None else (lambda t: None)
+        out = {lp.token_id: Logprob(lp.logprob, lp.rank, dec(lp.token_id))}
+        for r, (t, v) in enumerate(zip(lp.top_ids, lp.top_logprobs), start=1):
+            if t not in out:
+                out[t] = Logprob(v, r, dec(t))
+        return out
+
+    def make_output(self, req: Request) -> RequestOutput:
+        """A snapshot of the request (cumulative text and tokens, as vLLM streams)."""
+        comp = CompletionOutput(
+            index=0, text=req.text, token_ids=list(req.output_token_ids),
+            cumulative_logprob=req.cumulative_logprob,
+            logprobs=list(req.logprobs) if req.logprobs is not None else None,
+            finish_reason=req.finish_reason, stop_reason=req.stop_reason)
+        return RequestOutput(
+            request_id=req.request_id, prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids, outputs=[comp], finished=req.finished,
+            num_cached_tokens=req.num_cached_tokens, metrics=req.metrics, error=req.error)

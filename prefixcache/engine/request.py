@@ -1,0 +1,96 @@
+"""A request's state inside the engine."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefixcache.cache.page_table import PageTable
+from prefixcache.outputs import Logprob, RequestMetrics
+from prefixcache.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"        # not admitted: holds no pages
+    RUNNING = "running"        # admitted: holds a page table (may be following a leader)
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    ``all_token_ids`` is the prompt followed by the generated tokens; the page table
+    reads it. ``num_cached_tokens`` is fixed once the first prefill completes (or at the
+    first preemption): prompt tokens read from the cache, at admission or by following.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    prompt: str | None = None
+    tenant: str | None = None
+    cache_salt: str | None = None
+    extra_keys: tuple = ()
+    status: RequestStatus = RequestStatus.WAITING
+    all_token_ids: list[int] = field(default_factory=list)
+    page_table: PageTable | None = None
+    num_cached_tokens: int = 0
+    num_inflight_hit_tokens: int = 0
+    cached_final: bool = False
+    prefill_done: bool = False
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    error: str | None = None
+    text: str = ""
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+    generator: Any = None        # torch.Generator for seeded sampling
+    detokenizer: Any = None
+    metrics: RequestMetrics = None  # type: ignore[assignment]
+    admit_seq: int = 0           # order of (re-)admission, for preemption victims
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+        if self.metrics is None:
+            self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        if self.sampling_params.logprobs is not None:
+            self.logprobs = []
+            self.cumulative_logprob = 0.0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.page_table.num_computed_tokens if self.page_table else 0
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens whose KV is still missing; the last of them yields the next token."""
+        return len(self.all_token_ids) - self.num_computed_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_tokens_to_compute > 1 or not self.prefill_done
+
+    @property
+    def finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    @property
+    def read_cache(self) -> bool:
+        """Requests asking for prompt logprobs compute every position."""
+        return self.sampling_params.prompt_logprobs is None

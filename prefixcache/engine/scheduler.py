@@ -1,0 +1,248 @@
+"""Continuous batching with chunked prefill, prefix-cache hits, followers and preemption.
+
+Each :meth:`Scheduler.schedule` call plans one model step under a token budget
+(``max_num_batched_tokens``):
+
+1. Running requests, in admission order. A request in prefill first takes any pages
+   published since it last looked (:meth:`KVCacheManager.take_hits`): that is how a
+   follower takes a leader's pages one by one, as soon as each publishes. If its next
+   page is in flight, owned by another running request, it waits this step (it is a
+   *follower*); otherwise it computes a chunk (chunk boundaries may fall inside pages).
+   Decoding requests compute one token. When the pool runs dry, the most recently
+   admitted request is preempted (recompute: its pages are freed, published ones stay
+   cached, and it goes back to the waiting queue).
+2. Waiting requests are admitted while budget, ``max_num_seqs`` and pages allow, in
+   cache-aware order: a request counts as having arrived up to
+   ``cache_aware_window_s`` seconds earlier in proportion to the share of its prompt
+   that is cached or in flight. A cold request is passed only by requests that arrived
+   within that window after it, so no request waits without bound (aging).
+
+Why followers cannot deadlock: a request registers pages as in flight only in a step
+that computes them, and a request holding a partial page of its own never waits. So an
+owner is never itself waiting, and every wait ends when the owner's step completes, or
+when the owner is preempted or aborted (its registrations are withdrawn and a follower
+takes over by computing the page itself).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from prefixcache.cache.manager import KVCacheManager
+from prefixcache.config import EngineConfig
+from prefixcache.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledSeq:
+    """A request's part of the step: ``num_tokens`` new tokens from
+    ``num_computed_tokens`` on; ``samples`` when the last of them yields the next token."""
+
+    request: Request
+    num_tokens: int
+    samples: bool
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    following: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Plans model steps. Owns the waiting and running queues; requests' pages are
+    managed through ``cache``."""
+
+    def __init__(self, config: EngineConfig, cache: KVCacheManager,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.config = config
+        self.cache = cache
+        self.clock = clock
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._admit_counter = 0
+        self.num_preemptions = 0
+
+    # -- queue operations ------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        """Queue a new request (it gets an empty page table, so its hashes are ready
+        for cache-aware ordering)."""
+        self._new_page_table(req)
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def _new_page_table(self, req: Request) -> None:
+        req.page_table = self.cache.new_page_table(
+            req.request_id, req.all_token_ids, tenant=req.tenant, cache_salt=req.cache_salt,
+            extra_keys=req.extra_keys, read_cache=req.read_cache)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out of the queues and release its pages (finish, abort, error)."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if req.page_table is not None:
+            self.cache.free(req.page_table)
+            req.page_table = None
+
+    def preempt(self, req: Request) -> None:
+        """Preempt by recompute: free the pages, go back to the waiting queue."""
+        self.running.remove(req)
+        self.cache.free(req.page_table)
+        req.num_preemptions += 1
+        req.cached_final = True  # what it read from the cache is fixed at first admission
+        self.num_preemptions += 1
+        self._new_page_table(req)
+        req.status = RequestStatus.WAITING
+        self.waiting.insert(0, req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -- planning ----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        for req in list(self.running):
+            if req.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = self._tokens_to_schedule(req, budget)
+            if n == 0:
+                out.following.append(req)
+                continue
+            if not self._allocate_or_preempt(req, n, out):
+                continue
+            out.scheduled.append(self._planned(req, n))
+            budget -= n
+        if not out.preempted:
+            self._admit(out, budget)
+        return out
+
+    def _planned(self, req: Request, n: int) -> ScheduledSeq:
+        pt = req.page_table
+        return ScheduledSeq(req, n, pt.num_computed_tokens + n == len(req.all_token_ids))
+
+    def _tokens_to_schedule(self, req: Request, budget: int) -> int:
+        """Tokens ``req`` computes this step: 0 while it follows a running leader or
+        when the budget is spent (a follower still takes newly published pages)."""
+        pt = req.page_table
+        remaining = req.num_tokens_to_compute
+        if remaining > 1:
+            self._take_cached(req)
+            if self._leader_running(req):
+                self.cache.wait(pt)
+                return 0
+            remaining = req.num_tokens_to_compute
+        return min(remaining, budget)
+
+    def _take_cached(self, req: Request) -> None:
+        self.cache.take_hits(req.page_table)
+        if not req.cached_final:
+            req.num_cached_tokens = req.page_table.num_cached_tokens
+            req.num_inflight_hit_tokens = req.page_table.num_inflight_hit_tokens
+
+    def _leader_running(self, req: Request) -> bool:
+        owner = self.cache.next_page_owner(req.page_table)
+        if owner is None:
+            return False
+        leader = next((r for r in self.running if r.request_id == owner), None)
+        return leader is not None and leader is not req
+
+    def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
+        """Allocate pages for ``n`` tokens, preempting the most recently admitted
+        running requests (possibly ``req`` itself) until they fit."""
+        scheduled = {id(s.request) for s in out.scheduled}
+        while not self.cache.allocate(req.page_table, n):
+            victims = [r for r in self.running if id(r) not in scheduled]
+            victim = max(victims, key=lambda r: r.admit_seq)
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting requests in :meth:`_waiting_order`. A request whose next page is
+        in flight is admitted as a follower even when the token budget is spent: it
+        computes nothing this step, but takes the leader's pages as they publish."""
+        for req in self._waiting_order():
+            if len(self.running) >= self.config.max_num_seqs:
+                return
+            pt = req.page_table
+            follows = self._would_follow(req)
+            if budget <= 0 and not follows:
+                continue
+            n = min(len(req.all_token_ids) - self.cache.peek_hits(pt), budget)
+            if not follows and not self.cache.can_allocate(self._pages_to_admit(req, n)):
+                return  # keep FCFS order under memory pressure: nobody jumps the queue
+            self._take_cached(req)
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.status = RequestStatus.RUNNING
+            self._admit_counter += 1
+            req.admit_seq = self._admit_counter
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = self.clock()
+            if follows and self._leader_running(req):
+                self.cache.wait(pt)
+                out.following.append(req)
+                continue
+            n = min(req.num_tokens_to_compute, budget)
+            if n <= 0 or not self.cache.allocate(pt, n):
+                # Cannot compute now after all: undo the admission, keep its place.
+                self.running.remove(req)
+                self.cache.free(pt)
+                self._new_page_table(req)
+                req.status = RequestStatus.WAITING
+                self.waiting.insert(0, req)
+                return
+            out.scheduled.append(self._planned(req, n))
+            budget -= n
+
+    def _would_follow(self, req: Request) -> bool:
+        """Whether, after its hit, the request's next page is computed by a running
+        request (no side effects)."""
+        pt = req.page_table
+        hit = self.cache.peek_hits(pt)
+        owner = self.cache.next_page_owner(pt, hit // self.cache.block_size)
+        return owner is not None and any(r.request_id == owner for r in self.running)
+
+    def _pages_to_admit(self, req: Request, n: int) -> int:
+        """Pool pages admitting ``req`` for ``n`` new tokens would consume: new pages
+        plus its hit pages that are cached-free now (a hit takes them off the LRU)."""
+        bs = self.cache.block_size
+        hit = self.cache.peek_hits(req.page_table)
+        new_pages = -(-(hit + n) // bs) - hit // bs
+        cached = sum(1 for p in self.cache._match(req.page_table)
+                     if self.cache.pool.ref_count[p] == 0)
+        return new_pages + cached
+
+    def _waiting_order(self) -> list[Request]:
+        """FCFS, or cache-aware with aging when ``cache_aware_window_s > 0``."""
+        window = self.config.cache_aware_window_s
+        if window <= 0 or not self.cache.enable_prefix_caching or len(self.waiting) < 2:
+            return list(self.waiting)
+
+        def key(req: Request) -> float:
+            share = self._cached_share(req)
+            return req.arrival_time - window * share
+
+        return sorted(self.waiting, key=key)
+
+    def _cached_share(self, req: Request) -> float:
+        """Share of the request's tokens that it would read from the cache now (or
+        follow, if its next page is in flight), in [0, 1]."""
+        pt = req.page_table
+        n = len(req.all_token_ids)
+        hit = self.cache.peek_hits(pt)
+        if hit + pt.num_computed_tokens < n - 1 and self.cache.peek_inflight(pt, hit):
+            return 1.0
+        return hit / n

@@ -1,0 +1,148 @@
+"""``builtin:tiny``: a model that needs no files, so the demo and tests run anywhere.
+
+The weights are **random** (seeded, identical on every run and machine): the model has
+learnt nothing and its text is gibberish. It exercises the whole engine (paging, prefix
+caching, sampling, streaming, chat) at the cost of a small Llama:
+hidden 256, 4 layers, 8 heads, 4 KV heads, intermediate 704, vocab 512, 4,096 positions,
+tied embeddings (3.08M parameters).
+
+Its tokenizer is byte-level: ids 0-255 are the UTF-8 bytes, then special tokens
+``<bos>`` (256), ``<eos>`` (257), ``<|system|>`` (258), ``<|user|>`` (259),
+``<|assistant|>`` (260), ``<|tool|>`` (261), ``<|end|>`` (262); ids 263-511 are unused
+padding and decode to nothing. Chat template (:data:`CHAT_TEMPLATE`)::
+
+    <bos><|system|>{tools as JSON}<|end|><|user|>{content}<|end|><|assistant|>
+
+one ``<|role|>content<|end|>`` block per message (the tools block only when tools are
+given); ``<|assistant|>`` is appended for the generation prompt. ``<eos>`` and ``<|end|>``
+both end generation.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from prefixcache.model.config import ModelConfig
+from prefixcache.model.llama import PagedLlama
+from prefixcache.model.tokenizer import Tokenizer
+from prefixcache.model.weights import expected_hf_keys, load_hf_weights
+
+SEED = 20240601
+INIT_STD = 0.02
+VOCAB_SIZE = 512
+SPECIAL_TOKENS = ("<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>",
+                  "<|end|>")
+BOS_ID, EOS_ID, END_ID = 256, 257, 262
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}<|system|>Tools: {{ tools | tojson }}<|end|>{% endif %}"
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}"
+    "{{ part['text'] if part['text'] is defined else '' }}{% endfor %}{% endif %}"
+    "{% if message['tool_calls'] is defined %}{{ message['tool_calls'] | tojson }}{% endif %}"
+    "<|end|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def tiny_config() -> ModelConfig:
+    """The builtin model's hyper-parameters."""
+    return ModelConfig(
+        architecture="LlamaForCausalLM", hidden_size=256, intermediate_size=704,
+        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+        vocab_size=VOCAB_SIZE,
+        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096,
+        tie_word_embeddings=True, bos_token_id=BOS_ID, eos_token_ids=(EOS_ID, END_ID),
+        torch_dtype="float32")
+
+
+def tiny_weights() -> dict[str, torch.Tensor]:
+    """HF-named float32 CPU weights: norms 1, everything else N(0, 0.02) drawn from one
+    seeded generator in sorted-name order (so every run and machine gets the same bits)."""
+    gen = torch.Generator(device="cpu").manual_seed(SEED)
+    shapes = _hf_shapes(tiny_config())
+    out = {}
+    for name in sorted(shapes):
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shapes[name])
+        else:
+            out[name] = torch.normal(0.0, INIT_STD, shapes[name], generator=gen)
+    return out
+
+
+def _hf_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    d, h, i = c.head_dim, c.hidden_size, c.intermediate_size
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+    for n in range(c.num_hidden_layers):
+        pre = f"model.layers.{n}."
+        shapes.update({
+            pre + "input_layernorm.weight": (h,), pre + "post_attention_layernorm.weight": (h,),
+            pre + "self_attn.q_proj.weight": (c.num_attention_heads * d, h),
+            pre + "self_attn.k_proj.weight": (c.num_key_value_heads * d, h),
+            pre + "self_attn.v_proj.weight": (c.num_key_value_heads * d, h),
+            pre + "self_attn.o_proj.weight": (h, c.num_attention_heads * d),
+            pre + "mlp.gate_proj.weight": (i, h), pre + "mlp.up_proj.weight": (i, h),
+            pre + "mlp.down_proj.weight": (h, i)})
+    return shapes
+
+
+def build_tiny_model(device: torch.device | str = "cpu",
+                     dtype: torch.dtype = torch.float32) -> PagedLlama:
+    """The builtin model on ``device`` in ``dtype`` (weights generated on CPU, then moved)."""
+    model = PagedLlama(tiny_config(), device, dtype)
+    weights = tiny_weights()
+    assert set(weights) == expected_hf_keys(model)
+    load_hf_weights(model, weights.__getitem__)
+    return model
+
+
+class ByteTokenizer(Tokenizer):
+    """Byte-level tokenizer of ``builtin:tiny`` (see module doc). ``encode`` maps
+    special-token strings in the text to their ids; ``add_special_tokens`` prepends
+    ``<bos>``. ``decode`` replaces invalid UTF-8 with U+FFFD."""
+
+    def __init__(self):
+        self.bos_token_id = BOS_ID
+        self.eos_token_ids = {EOS_ID, END_ID}
+        self.chat_template = CHAT_TEMPLATE
+        self._special_ids = {tok: 256 + k for k, tok in enumerate(SPECIAL_TOKENS)}
+        self._special_text = {i: t for t, i in self._special_ids.items()}
+        self._split = re.compile("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + ")")
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = [BOS_ID] if add_special_tokens else []
+        for k, part in enumerate(self._split.split(text)):
+            if k % 2:  # odd parts are the captured special tokens
+                ids.append(self._special_ids[part])
+            else:
+                ids.extend(part.encode("utf-8"))
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        out, pending = [], bytearray()
+        for i in ids:
+            if i < 256:
+                pending.append(i)
+                continue
+            out.append(pending.decode("utf-8", errors="replace"))
+            pending.clear()
+            if not skip_special_tokens and i in self._special_text:
+                out.append(self._special_text[i])
+        out.append(pending.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB_SIZE
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return sorted(self._special_text)
+
+    def _template_tokens(self) -> dict[str, str]:
+        return {"bos_token": "<bos>", "eos_token": "<eos>"}

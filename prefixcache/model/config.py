@@ -1,0 +1,212 @@
+"""Model hyper-parameters, parsed from a Hugging Face ``config.json``.
+
+Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``
+(all the same decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP). Both config
+generations are read: transformers 5 writes ``rope_parameters``; older files write
+``rope_theta`` plus ``rope_scaling``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling.
+
+    Attributes:
+        rope_type: ``"default"`` (none), ``"linear"`` (positions divided by ``factor``) or
+            ``"llama3"`` (Llama 3.1 wavelength-dependent scaling).
+        factor: scaling factor (1.0 for ``default``).
+        low_freq_factor, high_freq_factor, original_max_position_embeddings: ``llama3`` only.
+    """
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a Llama-family decoder.
+
+    Attributes:
+        architecture: the Hugging Face class name, e.g. ``"LlamaForCausalLM"``.
+        hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+        num_key_value_heads, head_dim, vocab_size: geometry, Hugging Face names
+            (``head_dim`` may differ from ``hidden_size // num_attention_heads``).
+        rms_norm_eps: RMSNorm epsilon.
+        rope_theta: RoPE base; ``rope_scaling``: see :class:`RopeScaling`.
+        max_position_embeddings: longest supported context, tokens.
+        tie_word_embeddings: ``lm_head`` shares the embedding matrix.
+        qkv_bias: q/k/v projections have a bias (Qwen2, Llama ``attention_bias``).
+        o_bias: output projection has a bias (Llama ``attention_bias``; never Qwen2).
+        mlp_bias: gate/up/down projections have a bias (Llama ``mlp_bias``).
+        layer_sliding_windows: per layer, the attention window in tokens, or ``None``
+            for full attention. A query at position ``p`` sees keys ``(p - window, p]``.
+            The model implements the window exactly (it keeps all KV and masks).
+        bos_token_id: or ``None``. ``eos_token_ids``: every id that ends generation.
+        torch_dtype: the checkpoint's dtype name (``"bfloat16"``...) or ``None``.
+    """
+
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    layer_sliding_windows: tuple[int | None, ...] = ()
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    torch_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a "
+                             f"multiple of num_key_value_heads ({self.num_key_value_heads})")
+        if not self.layer_sliding_windows:
+            object.__setattr__(self, "layer_sliding_windows", (None,) * self.num_hidden_layers)
+        if len(self.layer_sliding_windows) != self.num_hidden_layers:
+            raise ValueError("layer_sliding_windows needs one entry per layer")
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The narrowest attention window, tokens, if any layer's window is smaller than
+        ``max_position_embeddings`` (so it can matter); else ``None``. The engine uses it
+        to decide whether prefix caching is allowed for this model."""
+        windows = [w for w in self.layer_sliding_windows if w is not None]
+        return min(windows) if windows else None
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
+        """Parse a ``config.json`` dictionary.
+
+        Raises:
+            ValueError: unsupported architecture, activation or RoPE type, or a missing
+                required key (the message names the key).
+        """
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(f"config.json 'architectures' is {archs!r}; supported: "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"config.json 'hidden_act' is {act!r}; only 'silu' is supported")
+
+        def need(key: str) -> Any:
+            if cfg.get(key) is None:
+                raise ValueError(f"config.json lacks required key {key!r}")
+            return cfg[key]
+
+        hidden, heads = need("hidden_size"), need("num_attention_heads")
+        layers = need("num_hidden_layers")
+        head_dim = cfg.get("head_dim") or hidden // heads
+        theta, scaling = _parse_rope(cfg)
+        attn_bias = bool(cfg.get("attention_bias", False))
+        is_qwen2 = arch == "Qwen2ForCausalLM"
+        max_pos = int(cfg.get("max_position_embeddings", 2048))
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            architecture=arch,
+            hidden_size=hidden,
+            intermediate_size=need("intermediate_size"),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            vocab_size=need("vocab_size"),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=True if is_qwen2 else attn_bias,
+            o_bias=False if is_qwen2 else attn_bias,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            layer_sliding_windows=_parse_windows(cfg, arch, layers, max_pos),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ModelConfig":
+        """Read and parse a ``config.json``. Raises FileNotFoundError or ValueError."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"model config not found: {path}")
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+        return cls.from_dict(cfg)
+
+
+def _parse_rope(cfg: dict[str, Any]) -> tuple[float, RopeScaling]:
+    """RoPE base and scaling from either ``rope_parameters`` (transformers 5) or
+    ``rope_theta`` + ``rope_scaling`` (older files)."""
+    if isinstance(cfg.get("rope_parameters"), dict):
+        key, params = "rope_parameters", dict(cfg["rope_parameters"])
+    else:
+        key, params = "rope_scaling", dict(cfg.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"config.json '{key}.rope_type' is {rope_type!r}; supported: "
+                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    if rope_type == "default":
+        return theta, RopeScaling()
+    if "factor" not in params:
+        raise ValueError(f"config.json '{key}' of type {rope_type!r} lacks 'factor'")
+    if rope_type == "linear":
+        return theta, RopeScaling("linear", float(params["factor"]))
+    return theta, RopeScaling(
+        "llama3",
+        float(params["factor"]),
+        float(params.get("low_freq_factor", 1.0)),
+        float(params.get("high_freq_factor", 4.0)),
+        int(params.get("original_max_position_embeddings",
+                       cfg.get("max_position_embeddings", 8192))),
+    )
+
+
+def _parse_windows(cfg: dict[str, Any], arch: str, layers: int, max_pos: int
+                   ) -> tuple[int | None, ...]:
+    """Per-layer sliding window; ``None`` where attention is full (or the window is at
+    least ``max_position_embeddings``, so it never applies)."""
+    window = cfg.get("sliding_window")
+    if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
+        window = None
+    if window is None or window >= max_pos:
+        return (None,) * layers
+    if cfg.get("layer_types"):
+        types = cfg["layer_types"]
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if arch == "Qwen2ForCausalLM":
+        first = int(cfg.get("max_window_layers", layers))
+        return tuple(window if i >= first else None for i in range(layers))
+    return (window,) * layers

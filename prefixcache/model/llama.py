@@ -1,0 +1,162 @@
+"""``PagedLlama``: the Llama-family decoder (Llama, Mistral, Qwen2) over the paged KV pool.
+
+Per layer: RMSNorm -> fused q/k/v projection -> RoPE -> write the step's new K/V into the
+pool at ``slot_mapping`` -> attention of each sequence against its context KV gathered
+through its page table -> output projection -> residual; RMSNorm -> SwiGLU MLP (fused
+gate/up) -> residual. The final norm and ``lm_head`` run only on ``logits_indices``.
+
+Two arithmetic modes (``ForwardBatch.deterministic``):
+
+* default: all new tokens of the step go through each linear layer as one matmul and
+  each sequence's queries through one ``scaled_dot_product_attention``. Fastest; a token's
+  values may differ at the floating-point level with the batch composition or chunking.
+* deterministic: batch-invariant tiles, see :mod:`prefixcache.model.deterministic`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prefixcache.model.attention import paged_attention, plan_attention
+from prefixcache.model.config import ModelConfig
+from prefixcache.model.forward_batch import ForwardBatch
+from prefixcache.model.kv_pool import KVPool
+from prefixcache.model.rope import RotaryEmbedding, apply_rope
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, computed in float32, returned in ``x.dtype``."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _param(*shape: int, device, dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    """Weights of one decoder layer (``d`` = head_dim).
+
+    Attributes:
+        input_norm ``[hidden]``; qkv_weight ``[(heads + 2 * kv_heads) * d, hidden]`` (rows:
+        q, then k, then v), qkv_bias or None; o_weight ``[hidden, heads * d]``, o_bias or
+        None; post_norm ``[hidden]``; gate_up_weight ``[2 * intermediate, hidden]`` (gate
+        rows first), gate_up_bias or None; down_weight ``[hidden, intermediate]``,
+        down_bias or None.
+    """
+
+    def __init__(self, cfg: ModelConfig, device, dtype):
+        super().__init__()
+        p = lambda *shape: _param(*shape, device=device, dtype=dtype)  # noqa: E731
+        h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+        qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+        self.input_norm = p(h)
+        self.qkv_weight = p(qkv_rows, h)
+        self.qkv_bias = p(qkv_rows) if cfg.qkv_bias else None
+        self.o_weight = p(h, cfg.num_attention_heads * d)
+        self.o_bias = p(h) if cfg.o_bias else None
+        self.post_norm = p(h)
+        self.gate_up_weight = p(2 * i, h)
+        self.gate_up_bias = p(2 * i) if cfg.mlp_bias else None
+        self.down_weight = p(h, i)
+        self.down_bias = p(h) if cfg.mlp_bias else None
+        self.q_size = cfg.num_attention_heads * d
+        self.kv_size = cfg.num_key_value_heads * d
+        self.head_dim = d
+        self.eps = cfg.rms_norm_eps
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Normed, projected, rotated q ``[N, heads, d]``, k and v ``[N, kv_heads, d]``
+        for residual stream ``x [N, hidden]`` and RoPE ``cos``/``sin [N, d]``."""
+        qkv = F.linear(rms_norm(x, self.input_norm, self.eps), self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        d = self.head_dim
+        q = apply_rope(q.unflatten(-1, (-1, d)), cos, sin)
+        k = apply_rope(k.unflatten(-1, (-1, d)), cos, sin)
+        return q, k, v.unflatten(-1, (-1, d))
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
+        ``attn [N, heads * d]``, then plus the SwiGLU MLP."""
+        x = x + F.linear(attn, self.o_weight, self.o_bias)
+        gate, up = F.linear(rms_norm(x, self.post_norm, self.eps),
+                            self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+
+
+class PagedLlama(nn.Module):
+    """Llama-family causal LM reading and writing KV through a :class:`KVPool`.
+
+    Args:
+        config: hyper-parameters.
+        device, dtype: where and in which float type (float32, bfloat16, float16) the
+            weights live and the arithmetic runs. Parameters are uninitialised; fill them
+            with :func:`prefixcache.model.weights.load_hf_weights`.
+
+    Attributes:
+        embed ``[vocab, hidden]``, layers, norm ``[hidden]``, lm_head ``[vocab, hidden]``
+        (the same tensor as ``embed`` when embeddings are tied).
+    """
+
+    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        kw = dict(device=self.device, dtype=dtype)
+        self.embed = _param(config.vocab_size, config.hidden_size, **kw)
+        self.layers = nn.ModuleList(DecoderLayer(config, **kw)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = _param(config.hidden_size, **kw)
+        self.lm_head = self.embed if config.tie_word_embeddings else _param(
+            config.vocab_size, config.hidden_size, **kw)
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
+                                    self.device)
+
+    def new_kv_pool(self, num_pages: int, block_size: int = 16) -> KVPool:
+        """A zeroed :class:`KVPool` matching this model's geometry, dtype and device."""
+        c = self.config
+        return KVPool(c.num_hidden_layers, num_pages, block_size, c.num_key_value_heads,
+                      c.head_dim, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+        """Run one step: write the KV of ``batch``'s new tokens into ``kv`` and return
+        float32 logits ``[len(batch.logits_indices), vocab]`` for the rows
+        ``batch.logits_indices``.
+
+        Raises:
+            ValueError: a position beyond ``max_position_embeddings``.
+        """
+        if not batch.seqs:
+            return torch.empty(0, self.config.vocab_size, device=self.device)
+        max_ctx = max(s.ctx_len for s in batch.seqs)
+        if max_ctx > self.config.max_position_embeddings:
+            raise ValueError(f"context of {max_ctx} tokens exceeds max_position_embeddings "
+                             f"({self.config.max_position_embeddings})")
+        if batch.deterministic:
+            from prefixcache.model.deterministic import forward_deterministic
+            return forward_deterministic(self, batch, kv)
+        return self._forward_default(batch, kv, max_ctx)
+
+    def _forward_default(self, batch: ForwardBatch, kv: KVPool, max_ctx: int) -> torch.Tensor:
+        x = F.embedding(batch.input_ids, self.embed)
+        cos, sin = self.rope.cos_sin(batch.positions, max_ctx - 1, self.dtype)
+        plans = {w: plan_attention(batch.seqs, w, self.device)
+                 for w in set(self.config.layer_sliding_windows)}
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            kv.write(i, batch.slot_mapping, k, v)
+            attn = paged_attention(q, kv, i, plans[self.config.layer_sliding_windows[i]])
+            x = layer.finish(x, attn)
+        return self.logits(x[batch.logits_indices])
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``."""
+        return F.linear(rms_norm(x, self.norm, self.config.rms_norm_eps), self.lm_head).float()

@@ -1,0 +1,132 @@
+"""Load a model: a Hugging Face directory (``config.json`` + ``*.safetensors``, single
+file or sharded with ``model.safetensors.index.json``, plus tokenizer files) or
+``"builtin:tiny"``.
+"""
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from prefixcache.model import builtin
+from prefixcache.model.config import ModelConfig
+from prefixcache.model.llama import PagedLlama
+from prefixcache.model.tokenizer import Tokenizer, load_tokenizer
+from prefixcache.model.weights import check_hf_keys, load_hf_weights
+
+BUILTIN_MODELS = ("builtin:tiny",)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run.
+
+    Attributes:
+        model: the network. config: its hyper-parameters.
+        tokenizer: or ``None`` when the directory has no tokenizer files.
+        model_id: the name the model was loaded by (``"builtin:tiny"`` or the path as
+            given); part of the prefix-cache hash chain root.
+        chat_template: Jinja source of the chat template, or ``None``.
+        path: the model directory (``None`` for builtin models).
+    """
+
+    model: PagedLlama
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    model_id: str
+    chat_template: str | None
+    path: Path | None = None
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.chat_template)
+
+
+def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig | None = None) -> torch.dtype:
+    """``"float32"``/``"bfloat16"``/``"float16"``/``"auto"`` (the checkpoint's dtype,
+    float32 if unknown) or a ``torch.dtype``. Raises ValueError for anything else."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in _DTYPES.values():
+            return dtype
+        raise ValueError(f"unsupported dtype {dtype}; use one of {', '.join(_DTYPES)}")
+    if dtype == "auto":
+        return _DTYPES.get((config.torch_dtype if config else None) or "", torch.float32)
+    if dtype not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use one of {', '.join(_DTYPES)} or 'auto'")
+    return _DTYPES[dtype]
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a model directory.
+
+    Raises:
+        FileNotFoundError: no safetensors weights, or a shard named by the index is missing.
+        ValueError: the index is not valid JSON or lacks ``weight_map``.
+    """
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index}: not a safetensors index with 'weight_map' ({e})") from e
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        for f in files:
+            if not f.is_file():
+                raise FileNotFoundError(f"weight shard {f.name} named in {index} not found")
+        return files
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        hint = " (only PyTorch .bin weights found; convert them to safetensors)" if any(
+            path.glob("*.bin")) else ""
+        raise FileNotFoundError(f"no *.safetensors weights in {path}{hint}")
+    return files
+
+
+def load_weights(model: PagedLlama, files: list[Path]) -> None:
+    """Fill ``model`` from safetensors ``files``. Raises ValueError naming a missing,
+    unexpected or mis-shaped tensor."""
+    with ExitStack() as stack:
+        owner = {}
+        for f in files:
+            handle = stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
+            owner.update({key: handle for key in handle.keys()})
+        source = str(files[0].parent)
+        check_hf_keys(model, set(owner), source)
+        load_hf_weights(model, lambda key: owner[key].get_tensor(key))
+
+
+def load_model(model: str, device: torch.device | str = "cpu",
+               dtype: str | torch.dtype = "float32") -> LoadedModel:
+    """Load ``model`` (a directory path or ``"builtin:tiny"``) onto ``device`` in ``dtype``.
+
+    Raises:
+        FileNotFoundError: the directory, ``config.json`` or the weights are missing.
+        ValueError: unknown builtin name, unsupported architecture/RoPE/dtype, or weights
+            that do not match the config (the message names the file or key).
+    """
+    if model.startswith("builtin:"):
+        if model not in BUILTIN_MODELS:
+            raise ValueError(f"unknown builtin model {model!r}; "
+                             f"available: {', '.join(BUILTIN_MODELS)}")
+        net = builtin.build_tiny_model(device, resolve_dtype(dtype))
+        return LoadedModel(net, net.config, builtin.ByteTokenizer(), model,
+                           builtin.CHAT_TEMPLATE)
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory not found: {path}")
+    config = ModelConfig.from_file(path / "config.json")
+    files = weight_files(path)
+    net = PagedLlama(config, device, resolve_dtype(dtype, config))
+    load_weights(net, files)
+    net.eval()
+    tokenizer = load_tokenizer(path, config.bos_token_id, config.eos_token_ids)
+    return LoadedModel(net, config, tokenizer, model.rstrip("/") or model,
+                       tokenizer.chat_template if tokenizer else None, path)

@@ -1,0 +1,91 @@
+"""Rotary position embedding (RoPE), "rotate half" convention as in Hugging Face Llama.
+
+Dimension ``i < head_dim / 2`` of a head is paired with dimension ``i + head_dim / 2`` and
+rotated by the angle ``position * inv_freq[i]``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from prefixcache.model.config import RopeScaling
+
+_BLOCK = 1024  # positions per table block
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """float32 ``[head_dim // 2]`` rotation frequencies, radians per position (CPU).
+
+    ``linear`` divides every frequency by ``factor``. ``llama3`` (Llama 3.1) divides the
+    low frequencies (wavelength above ``original_max / low_freq_factor``) by ``factor``,
+    keeps the high ones (wavelength below ``original_max / high_freq_factor``) and blends
+    linearly in between.
+    """
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.rope_type != "llama3":
+        return inv_freq
+    old_len = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = old_len / scaling.low_freq_factor    # longer than this: fully scaled
+    high_wavelen = old_len / scaling.high_freq_factor  # shorter than this: untouched
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    blend = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - blend) * scaled / scaling.factor + blend * scaled
+    in_between = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(in_between, blended, scaled)
+
+
+class RotaryEmbedding:
+    """cos/sin tables on the model device, grown on demand and indexed by position.
+
+    Args:
+        head_dim: rotated dimension (the whole head).
+        theta: RoPE base. scaling: frequency scaling.
+        device: where the tables live.
+    """
+
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling,
+                 device: torch.device | str):
+        self.device = torch.device(device)
+        self.inv_freq = inverse_frequencies(head_dim, theta, scaling).to(self.device)
+        self._cos = torch.empty(0, head_dim, device=self.device)
+        self._sin = torch.empty(0, head_dim, device=self.device)
+
+    def _grow(self, length: int) -> None:
+        # Whole blocks of _BLOCK positions, each computed by ops of one fixed shape, so an
+        # entry's bits never depend on how far the table had grown (deterministic mode).
+        cos, sin = [self._cos], [self._sin]
+        for start in range(self._cos.shape[0], length, _BLOCK):
+            pos = torch.arange(start, start + _BLOCK, device=self.device).float()
+            angles = torch.outer(pos, self.inv_freq)
+            angles = torch.cat([angles, angles], dim=-1)  # float32 [_BLOCK, head_dim]
+            cos.append(angles.cos())
+            sin.append(angles.sin())
+        self._cos, self._sin = torch.cat(cos), torch.cat(sin)
+
+    def table(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos and sin tables ``[>= end, head_dim]``, row = position."""
+        if end > self._cos.shape[0]:
+            self._grow(end)
+        return self._cos, self._sin
+
+    def cos_sin(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[T, head_dim]`` in ``dtype`` for int64 ``positions [T]`` (on the
+        device). ``max_position`` is an upper bound of ``positions`` known on the host, so
+        the tables can grow without reading the device tensor."""
+        cos, sin = self.table(max_position + 1)
+        return cos[positions].to(dtype), sin[positions].to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [T, heads, head_dim]`` with ``cos``/``sin [T, head_dim]``; same shape."""
+    half = x.shape[-1] // 2
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,101 @@
+"""Per-request sampling parameters, shaped like vLLM's ``SamplingParams``.
+
+Every field is validated in ``__post_init__``; a bad value raises ``ValueError`` whose
+message starts with the parameter's name, so the server can map it to an OpenAI-style
+error object with ``param`` set.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20
+
+
+class ParamError(ValueError):
+    """A request parameter is invalid. ``param`` names it (OpenAI error ``param``)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request's output.
+
+    Attributes:
+        n: number of completions; only ``1`` is supported.
+        temperature: softmax temperature; ``0`` means greedy (argmax).
+        top_p: nucleus sampling mass in (0, 1].
+        top_k: keep the k most likely tokens; ``0`` or ``-1`` disables.
+        min_p: drop tokens whose probability is below ``min_p`` times the top one.
+        seed: per-request seed; the same seed gives the same tokens whatever the cache holds.
+        max_tokens: most tokens to generate (>= 1); ``None`` means up to the context length.
+        min_tokens: generate at least this many tokens before EOS or stop ids count.
+        stop: strings that end generation; not included in the output text unless
+            ``include_stop_str_in_output``.
+        stop_token_ids: token ids that end generation (besides EOS).
+        ignore_eos: keep generating after the EOS token.
+        logprobs: return the log-probability of each generated token and of its top
+            ``logprobs`` alternatives (vLLM format), ``None`` for none.
+        prompt_logprobs: return prompt-token logprobs; such requests do not read cached
+            pages (cached positions have no logits) but still publish theirs.
+        skip_special_tokens: drop special tokens from the detokenized text.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        _check(self.n == 1, "n", f"only n=1 is supported, got {self.n}")
+        _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
+        _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= -1, "top_k", f"must be -1, 0 or positive, got {self.top_k}")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+               f"must be at least 1, got {self.max_tokens}")
+        _check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
+        _check(len(self.stop) <= MAX_STOP_STRINGS, "stop",
+               f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop",
+               "stop strings must be non-empty strings")
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+               "stop_token_ids", "must be non-negative integers")
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+               f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+               "prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+        _check(self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise ParamError(param, message)

