@@ -27,3 +27,10 @@ def shared_data(name: str) -> Path:
             pytest.fail(msg)
         pytest.skip(msg)
     return path
+
+
+@pytest.fixture
+def shared_data_path():
+    """Fixture form of :func:`shared_data` (call it with a folder name), for test modules
+    that cannot import this conftest by name."""
+    return shared_data

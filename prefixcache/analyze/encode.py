@@ -8,8 +8,9 @@ and for byte-level BPE pre-tokenizers (GPT-2), which split ``"\n"`` from ``"<|"`
 It is verified on the first requests (joined segments tokenized whole must give the
 same ids); a tokenizer that fails the check gets each whole prompt tokenized instead.
 
-The response (when recorded and ``publish_responses``) is tokenized on its own, as
-generated tokens appended after the prompt, the way the engine publishes decode pages.
+The recorded response is tokenized on its own, as generated tokens appended after the
+prompt, the way the engine publishes decode pages (whether they are published is the
+replay's choice; they also count as output tokens for pricing).
 """
 from __future__ import annotations
 
@@ -114,13 +115,13 @@ def _template_prompts(requests: list[Request], renderer: TemplateRenderer,
 
 
 def encode_requests(requests: list[Request], tokenizer, template: str = "auto",
-                    publish_responses: bool = True) -> tuple[list[TokenizedRequest], EncodeInfo]:
+                    responses: bool = True) -> tuple[list[TokenizedRequest], EncodeInfo]:
     """Render and tokenize every request.
 
     Args:
         template: ``auto`` (the tokenizer's chat template when it has one that renders
             every request completely, else builtin), ``builtin`` or ``tokenizer``.
-        publish_responses: tokenize recorded responses too (to be published).
+        responses: tokenize recorded responses too.
 
     Raises:
         ValueError: unknown ``template``, or ``tokenizer`` without a chat template.
@@ -179,7 +180,7 @@ def encode_requests(requests: list[Request], tokenizer, template: str = "auto",
             tr.prompt_text = "".join(segs)
             if r.response is not None:
                 resp_text = builtin_response(r.response)
-        if publish_responses and resp_text:
+        if responses and resp_text:
             tr.response_ids = tokenizer.encode(resp_text)
         out.append(tr)
     info.segment_cache = renderer is None and has_chat and seg.exact

@@ -10,8 +10,9 @@ segments, each one message, in this order::
     <|im_start|>assistant\n                                 (the generation prompt)
 
 Each tool is its schema as JSON (``json.dumps``, one per line). Each tool call is
-``\n<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`` with ``ARGS`` the
-parsed arguments (the raw string when they are not JSON). A message's ``name`` is
+``<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`` with ``ARGS`` the
+parsed arguments (the raw string when they are not JSON); content and tool calls are
+joined by newlines. A message's ``name`` is
 appended to the role (``user:alice``); ``tool_call_id`` is not rendered.
 The recorded response is what the model would generate after the prompt: its content
 and tool calls, then ``<|im_end|>\n``.
@@ -39,14 +40,15 @@ def render_tool_call(tc: dict) -> str:
         parsed = json.loads(args) if isinstance(args, str) else args
     except ValueError:
         parsed = args
-    return "\n<tool_call>\n" + _dump({"name": fn.get("name", ""), "arguments": parsed}) \
+    return "<tool_call>\n" + _dump({"name": fn.get("name", ""), "arguments": parsed}) \
         + "\n</tool_call>"
 
 
 def render_body(message: dict) -> str:
-    """A message's content followed by its tool calls."""
-    text = message.get("content") or ""
-    return text + "".join(render_tool_call(tc) for tc in message.get("tool_calls") or [])
+    """A message's content and its tool calls, separated by newlines."""
+    parts = [message.get("content") or ""] if message.get("content") else []
+    parts += [render_tool_call(tc) for tc in message.get("tool_calls") or []]
+    return "\n".join(parts)
 
 
 def render_message(message: dict) -> str:

@@ -132,14 +132,16 @@ class ServingRun:
 
 async def run_workload(target: ServingTarget, reqs: list[BenchRequest], prompts: dict[str, Prompt], *,
                        concurrency: int, time_scale: float = 1.0, on_done: Callable[[RequestResult], None] | None = None,
-                       on_tick: Callable[[], None] | None = None) -> ServingRun:
+                       on_tick: Callable[[], None] | None = None,
+                       transport: httpx.AsyncBaseTransport | None = None) -> ServingRun:
     """Send ``reqs`` following :class:`SessionScheduler`; ``on_done`` after each request
-    (progress bar), ``on_tick`` about twice a second (memory sampling)."""
+    (progress bar), ``on_tick`` about twice a second (memory sampling); ``transport``
+    replaces the network (tests)."""
     sched = SessionScheduler(reqs, concurrency, time_scale=time_scale)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     results: list[RequestResult] = []
     t0 = time.perf_counter()
-    async with httpx.AsyncClient(limits=limits, timeout=target.timeout_s) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=target.timeout_s, transport=transport) as client:
         tasks: dict[asyncio.Task, BenchRequest] = {}
         while not sched.done:
             now = time.perf_counter() - t0

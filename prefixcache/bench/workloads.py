@@ -142,14 +142,33 @@ def build_workload(name: str, cfg: WorkloadConfig | None = None, *, measure: Mea
 
 # --------------------------------------------------------------------------- shared-prefix
 def pick_system_prompts(patterns: dict[str, str], n: int, min_chars: int, max_chars: int) -> list[tuple[str, str]]:
-    """The first ``n`` patterns by name whose length is within ``[min_chars, max_chars]``;
-    if too few qualify, the remaining ones closest in length to that range."""
-    inside = [(k, v) for k, v in patterns.items() if min_chars <= len(v) <= max_chars]
-    if len(inside) >= n:
-        return inside[:n]
-    rest = sorted((k for k in patterns if (k, patterns[k]) not in inside),
-                  key=lambda k: (min(abs(len(patterns[k]) - min_chars), abs(len(patterns[k]) - max_chars)), k))
-    return inside + [(k, patterns[k]) for k in rest[: n - len(inside)]]
+    """``n`` distinct system prompts: among the patterns whose length is within
+    ``[min_chars, max_chars]`` (sorted by name), evenly spaced ones first, skipping any
+    that shares a quarter or more of its text as a common prefix with one already picked
+    (variants such as ``analyze_paper`` / ``analyze_paper_simple``); if too few qualify,
+    the others closest in length to the range."""
+    inside = sorted(k for k, v in patterns.items() if min_chars <= len(v) <= max_chars)
+    outside = sorted((k for k in patterns if k not in inside),
+                     key=lambda k: (min(abs(len(patterns[k]) - min_chars), abs(len(patterns[k]) - max_chars)), k))
+    m = len(inside)
+    spaced = [inside[round(i * (m - 1) / (n - 1))] if n > 1 else inside[0] for i in range(min(n, m))] if m else []
+    order = list(dict.fromkeys(spaced + inside + outside))
+    picked: list[str] = []
+    for k in order:
+        if len(picked) == n:
+            break
+        text = patterns[k]
+        if all(_common_prefix_chars(text, patterns[p]) < 0.25 * min(len(text), len(patterns[p])) for p in picked):
+            picked.append(k)
+    return [(k, patterns[k]) for k in picked]
+
+
+def _common_prefix_chars(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def user_questions(root: Path | None, max_chars: int) -> list[str]:

@@ -266,7 +266,8 @@ class KVCacheManager:
 
         New pages are private (``PENDING``); under pressure the least recently used
         cached-free pages are evicted (their hashes leave the index). Full prompt pages
-        in the range are registered as in flight, owned by this request.
+        in the range are registered as in flight, owned by this request. A table that
+        was waiting (:meth:`wait`) stops waiting: it computes now.
 
         Returns:
             ``False`` (and changes nothing) if the pool cannot supply the pages.
@@ -284,6 +285,9 @@ class KVCacheManager:
             return False
         for _ in range(need):
             pt.pages.append(self._alloc_page())
+        # A table that computes is no longer following: it must not be woken about
+        # the pages it now computes (or publishes) itself.
+        self.inflight.remove_waiter(pt.request_id)
         if self.enable_prefix_caching and None not in pt.chain_refs[-1:]:
             first = max(pt.num_computed_tokens // bs, len(pt.chain_refs))
             last = min(-(-end // bs), len(pt.token_ids) // bs)

@@ -27,7 +27,7 @@ from prefixcache.engine.scheduler import Scheduler, ScheduledSeq
 from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
 from prefixcache.model.kv_pool import KVPool
 from prefixcache.model.loader import LoadedModel, load_model
-from prefixcache.model.sampler import sample
+from prefixcache.model.sampler import sample, token_logprobs
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams
 
@@ -82,7 +82,7 @@ class LLMEngine:
                                     root_seed=config.hash_root_seed,
                                     shuffle_seed=config.shuffle_seed)
         self.scheduler = Scheduler(config, self.cache, clock)
-        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
@@ -173,7 +173,7 @@ class LLMEngine:
         if not plan.scheduled:
             return outputs
         self.counters["steps"] += 1
-        batch, sample_rows = self._build_batch(plan.scheduled)
+        batch, sample_rows, prompt_rows = self._build_batch(plan.scheduled)
         try:
             logits = self.model.forward(batch, self.kv)
             samplers = [s for s in plan.scheduled if s.samples]
@@ -193,6 +193,8 @@ class LLMEngine:
                 self._finish(s.request, "error", f"{type(exc).__name__}: {exc}")
                 outputs.append(self.outputs.make_output(s.request))
             return outputs
+        if prompt_rows:
+            self._prompt_logprobs(plan.scheduled, logits, prompt_rows)
         for s in plan.scheduled:
             req = s.request
             if req.in_prefill:
@@ -216,7 +218,11 @@ class LLMEngine:
             outputs.append(self.outputs.make_output(req))
         return outputs
 
-    def _build_batch(self, scheduled: list[ScheduledSeq]) -> tuple[ForwardBatch, dict[int, int]]:
+    def _build_batch(self, scheduled: list[ScheduledSeq]
+                     ) -> tuple[ForwardBatch, dict[int, int], dict[int, tuple[int, int, int]]]:
+        """Flatten the step. Returns the batch, each sampling request's logits row, and
+        for prompt-logprobs requests ``(first logits row, first position, end position)``
+        of the positions whose next token is a prompt token."""
         bs = self.config.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -224,6 +230,7 @@ class LLMEngine:
         seqs: list[SeqChunk] = []
         logits_rows: list[int] = []
         sample_rows: dict[int, int] = {}
+        prompt_rows: dict[int, tuple[int, int, int]] = {}
         for s in scheduled:
             req, n = s.request, s.num_tokens
             pages = req.page_table.pages
@@ -235,6 +242,11 @@ class LLMEngine:
             slots.extend(pages[p // bs] * bs + p % bs for p in range(start, end))
             seqs.append(SeqChunk(q_start, n, end, torch.tensor(
                 pages[:-(-end // bs)], dtype=torch.long, device=self.device)))
+            if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+                # rows whose next token is a prompt token: [start, min(end, prompt - 1))
+                last = min(end, req.num_prompt_tokens - 1)
+                prompt_rows[id(req)] = (len(logits_rows), start, last)
+                logits_rows.extend(range(q_start, q_start + last - start))
             if s.samples:
                 sample_rows[id(req)] = len(logits_rows)
                 logits_rows.append(q_start + n - 1)
@@ -246,7 +258,22 @@ class LLMEngine:
             seqs=seqs,
             logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
             deterministic=self.config.deterministic)
-        return batch, sample_rows
+        return batch, sample_rows, prompt_rows
+
+    def _prompt_logprobs(self, scheduled: list[ScheduledSeq], logits: torch.Tensor,
+                         prompt_rows: dict[int, tuple[int, int, int]]) -> None:
+        for s in scheduled:
+            req = s.request
+            if id(req) not in prompt_rows:
+                continue
+            row0, start, end = prompt_rows[id(req)]
+            lps = torch.log_softmax(logits[row0:row0 + end - start].float(), dim=-1)
+            k = req.sampling_params.prompt_logprobs
+            if req.prompt_logprobs is None or start == 0:
+                req.prompt_logprobs = [None]
+            for j, pos in enumerate(range(start, end)):
+                req.prompt_logprobs.append(
+                    self.outputs.logprob_dict(token_logprobs(lps[j], req.all_token_ids[pos + 1], k)))
 
     # -- introspection -------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:

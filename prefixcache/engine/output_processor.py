@@ -20,11 +20,16 @@ class OutputProcessor:
     Args:
         tokenizer: or ``None`` (token ids only; ``text`` stays empty).
         max_model_len: context length in tokens.
+        eos_token_ids: the model's EOS ids (``config.json``), besides the tokenizer's.
     """
 
-    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int):
+    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int,
+                 eos_token_ids: set[int] = frozenset()):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.eos_token_ids = set(eos_token_ids)
+        if tokenizer is not None:
+            self.eos_token_ids |= set(tokenizer.eos_token_ids)
 
     def start(self, req: Request) -> None:
         if self.tokenizer is not None:
@@ -40,7 +45,7 @@ class OutputProcessor:
             req.metrics.first_token_time = now
         req.metrics.last_token_time = now
         if lp is not None and req.logprobs is not None:
-            req.logprobs.append(self._logprob_dict(lp))
+            req.logprobs.append(self.logprob_dict(lp))
             req.cumulative_logprob = (req.cumulative_logprob or 0.0) + lp.logprob
         n_out = req.num_output_tokens
         if n_out >= p.min_tokens:
@@ -48,8 +53,7 @@ class OutputProcessor:
                 req.stop_reason = token
                 self._flush(req)
                 return "stop"
-            eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else set()
-            if not p.ignore_eos and token in eos:
+            if not p.ignore_eos and token in self.eos_token_ids:
                 self._flush(req)
                 return "stop"
         if req.detokenizer is not None:
@@ -91,7 +95,7 @@ class OutputProcessor:
         req.stop_reason = s
         return True
 
-    def _logprob_dict(self, lp: TokenLogprobs) -> dict[int, Logprob]:
+    def logprob_dict(self, lp: TokenLogprobs) -> dict[int, Logprob]:
         dec = self.tokenizer.decode_token if self.tokenizer is not None else (lambda t: None)
         out = {lp.token_id: Logprob(lp.logprob, lp.rank, dec(lp.token_id))}
         for r, (t, v) in enumerate(zip(lp.top_ids, lp.top_logprobs), start=1):
@@ -109,4 +113,5 @@ class OutputProcessor:
         return RequestOutput(
             request_id=req.request_id, prompt=req.prompt,
             prompt_token_ids=req.prompt_token_ids, outputs=[comp], finished=req.finished,
-            num_cached_tokens=req.num_cached_tokens, metrics=req.metrics, error=req.error)
+            num_cached_tokens=req.num_cached_tokens, metrics=req.metrics, error=req.error,
+            prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs else None)

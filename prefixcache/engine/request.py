@@ -46,6 +46,7 @@ class Request:
     error: str | None = None
     text: str = ""
     logprobs: list[dict[int, Logprob]] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     cumulative_logprob: float | None = None
     generator: Any = None        # torch.Generator for seeded sampling
     detokenizer: Any = None

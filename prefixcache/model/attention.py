@@ -58,17 +58,25 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
     return plans
 
 
-def paged_attention(q: torch.Tensor, kv: KVPool, layer: int, plans: list[SeqAttention]
-                    ) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: KVPool,
+                    layer: int, plans: list[SeqAttention]) -> torch.Tensor:
     """Attention output ``[T, num_heads * head_dim]`` for queries ``q [T, num_heads,
-    head_dim]`` (RoPE applied). The step's new KV must already be written to ``kv``.
+    head_dim]`` (RoPE applied). The step's new KV (``k_new``/``v_new [T, kv_heads,
+    head_dim]``) must already be written to ``kv``; a sequence whose keys are all new
+    this step reads them directly instead of gathering them back from the pool.
     Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads / kv_heads)``.
     """
     out = torch.empty_like(q)
+    same_dtype = kv.k[layer].dtype == k_new.dtype
     for p in plans:
         s = p.seq
         rows = slice(s.q_start, s.q_start + s.q_len)
-        k, v = kv.gather_range(layer, s.page_table, p.key_start, s.ctx_len)
+        fresh = s.ctx_len - s.q_len  # first position computed this step
+        if same_dtype and p.key_start >= fresh:
+            k = k_new[s.q_start + p.key_start - fresh:rows.stop]
+            v = v_new[s.q_start + p.key_start - fresh:rows.stop]
+        else:
+            k, v = kv.gather_range(layer, s.page_table, p.key_start, s.ctx_len)
         o = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),     # [1, heads, q_len, d]
             k.transpose(0, 1).unsqueeze(0),           # [1, kv_heads, keys, d]

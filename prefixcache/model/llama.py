@@ -72,11 +72,10 @@ class DecoderLayer(nn.Module):
         """Normed, projected, rotated q ``[N, heads, d]``, k and v ``[N, kv_heads, d]``
         for residual stream ``x [N, hidden]`` and RoPE ``cos``/``sin [N, d]``."""
         qkv = F.linear(rms_norm(x, self.input_norm, self.eps), self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        d = self.head_dim
-        q = apply_rope(q.unflatten(-1, (-1, d)), cos, sin)
-        k = apply_rope(k.unflatten(-1, (-1, d)), cos, sin)
-        return q, k, v.unflatten(-1, (-1, d))
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = apply_rope(qk.unflatten(-1, (-1, self.head_dim)), cos, sin)  # q and k together
+        q, k = qk.split([self.q_size // self.head_dim, self.kv_size // self.head_dim], dim=1)
+        return q, k, v.unflatten(-1, (-1, self.head_dim))
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
@@ -153,7 +152,7 @@ class PagedLlama(nn.Module):
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, cos, sin)
             kv.write(i, batch.slot_mapping, k, v)
-            attn = paged_attention(q, kv, i, plans[self.config.layer_sliding_windows[i]])
+            attn = paged_attention(q, k, v, kv, i, plans[self.config.layer_sliding_windows[i]])
             x = layer.finish(x, attn)
         return self.logits(x[batch.logits_indices])
 

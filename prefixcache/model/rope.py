@@ -84,8 +84,16 @@ class RotaryEmbedding:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [T, heads, head_dim]`` with ``cos``/``sin [T, head_dim]``; same shape."""
+    """Rotate ``x [T, heads, head_dim]`` (any strides) with ``cos``/``sin [T, head_dim]``
+    (both halves equal); returns a new contiguous tensor of the same shape.
+
+    Per pair: ``(a, b) -> (a cos - b sin, b cos + a sin)``, the same roundings as
+    ``x * cos + rotate_half(x) * sin``.
+    """
     half = x.shape[-1] // 2
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    cos, sin = cos.unsqueeze(1), sin[:, None, :half]
+    a, b = x[..., :half], x[..., half:]
+    out = x * cos
+    out[..., :half] -= b * sin
+    out[..., half:] += a * sin
+    return out

@@ -1,0 +1,159 @@
+"""``prefixcache analyze LOG...``: what a request log would hit, where it breaks the
+cache, and what it costs, with no model run.
+
+Examples::
+
+    prefixcache analyze requests.jsonl
+    prefixcache analyze --tokenizer qwen2 --block-size 64 \\
+        ../shared/data/agent_trajectories/mini-swe-agent/deepseek_pr816/*.traj.json \\
+        --json report.json --plots plots/
+    prefixcache analyze log.jsonl --capacity-bytes 40e9 --model-config path/to/model \\
+        --prices openai:gpt-4o --prices anthropic --prices my_sheet.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from prefixcache.analyze.encode import TEMPLATE_MODES
+from prefixcache.analyze.logs import FORMATS
+
+
+def _int(text: str) -> int:
+    """Integers, also written as ``4e9`` or ``4_000_000``."""
+    try:
+        v = float(text.replace("_", "")) if any(c in text for c in "eE._") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if v != int(v):
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(v)
+
+
+def _pos_int(text: str) -> int:
+    v = _int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return v
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "analyze", help="replay a request log through the prefix cache; hit rates, "
+        "cache breakers and cost", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("logs", nargs="+", metavar="LOG", help="log files (JSONL of OpenAI "
+                   "request bodies, SWE-agent .traj, mini-swe-agent .traj.json)")
+    p.add_argument("--format", choices=FORMATS, default="auto")
+    p.add_argument("--tokenizer", default="approx", metavar="PATH",
+                   help="tokenizer.json, a tokenizer folder, 'qwen2'/'gpt2' (shared data), "
+                   "'approx' (default: no file; BPE-like counts) or 'bytes'")
+    p.add_argument("--template", choices=TEMPLATE_MODES, default="auto",
+                   help="chat rendering: the tokenizer's chat template if it renders every "
+                   "message (auto), always builtin ChatML, or always the tokenizer's")
+    p.add_argument("--block-size", type=_pos_int, default=16, metavar="N",
+                   help="tokens per page (default 16)")
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--capacity-tokens", type=_pos_int, metavar="N",
+                     help="cache capacity in tokens (default: unlimited)")
+    cap.add_argument("--capacity-bytes", type=_pos_int, metavar="N",
+                     help="cache capacity in bytes (needs --kv-bytes-per-token or "
+                     "--model-config)")
+    p.add_argument("--kv-bytes-per-token", type=_pos_int, metavar="N")
+    p.add_argument("--model-config", metavar="PATH",
+                   help="a model's config.json (or folder): KV bytes per token from it")
+    p.add_argument("--kv-dtype", default=None, help="KV dtype for --model-config "
+                   "(default: the config's dtype, else bfloat16)")
+    p.add_argument("--ttl", type=float, metavar="SECONDS",
+                   help="expire cached pages idle this long (needs timestamps)")
+    p.add_argument("--no-responses", action="store_true",
+                   help="do not publish recorded responses after their prompts")
+    p.add_argument("--prices", action="append", metavar="NAME|PATH[:MODEL]",
+                   help="price sheet (repeatable): openai, anthropic, deepseek, gemini, "
+                   "self-hosted, a JSON file, or 'all' (default)")
+    p.add_argument("--no-cost", action="store_true", help="skip the cost report")
+    p.add_argument("--accelerator-hour", type=float, metavar="USD",
+                   help="self-hosted: accelerator price per hour")
+    p.add_argument("--prefill-tps", type=float, metavar="N",
+                   help="self-hosted: measured prefill tokens per second")
+    p.add_argument("--decode-tps", type=float, metavar="N",
+                   help="self-hosted: measured decode tokens per second")
+    p.add_argument("--top-breakers", type=int, default=10, metavar="K")
+    p.add_argument("--no-sweeps", action="store_true",
+                   help="skip the block-size and capacity sweeps")
+    p.add_argument("--calls", nargs="?", type=int, const=-1, default=0, metavar="N",
+                   help="print the per-call table (first N calls; all without N)")
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--quiet", action="store_true", help="no terminal report")
+    return p
+
+
+def _overrides(args) -> dict | None:
+    o = {}
+    if args.accelerator_hour is not None:
+        o["accelerator_hour"] = args.accelerator_hour
+    if args.prefill_tps is not None:
+        o["prefill_tokens_per_second"] = args.prefill_tps
+    if args.decode_tps is not None:
+        o["decode_tokens_per_second"] = args.decode_tps
+    if o:
+        o.pop("input", None)
+    return o or None
+
+
+def run(args) -> int:
+    from prefixcache.analyze.analysis import AnalyzeOptions, analyze_requests
+    from prefixcache.analyze.capacity import capacity_tokens, kv_bytes_per_token_from_config
+    from prefixcache.analyze.logs import LogFormatError, load_logs
+    from prefixcache.analyze.pricing import PriceSheetError, parse_price_specs
+    from prefixcache.analyze.render import TemplateError
+    from prefixcache.analyze.tokenizer import TokenizerError, load_tokenizer
+
+    def fail(msg: str) -> int:
+        print(f"prefixcache analyze: error: {msg}", file=sys.stderr)
+        return 2
+
+    try:
+        kv = args.kv_bytes_per_token
+        if args.model_config:
+            kv = kv_bytes_per_token_from_config(args.model_config, args.kv_dtype)
+        cap = capacity_tokens(args.capacity_tokens, args.capacity_bytes, kv)
+        if cap is not None and cap < args.block_size:
+            return fail(f"capacity of {cap} tokens is less than one page of "
+                        f"{args.block_size}")
+        overrides = _overrides(args)
+        if not args.no_cost:
+            parse_price_specs(args.prices, overrides)  # fail early on a bad sheet
+        requests = load_logs(args.logs, args.format)
+        if not requests:
+            return fail("the log holds no requests")
+        tokenizer = load_tokenizer(args.tokenizer)
+        opts = AnalyzeOptions(
+            block_size=args.block_size, capacity_tokens=cap, kv_bytes_per_token=kv,
+            publish_responses=not args.no_responses, ttl_seconds=args.ttl,
+            template=args.template, prices=args.prices, price_overrides=overrides,
+            top_breakers=args.top_breakers, sweeps=not args.no_sweeps,
+            costs=not args.no_cost, inputs=[str(x) for x in args.logs])
+        report = analyze_requests(requests, tokenizer, opts)
+    except (OSError, ValueError, LogFormatError, TokenizerError, PriceSheetError,
+            TemplateError) as exc:
+        return fail(str(exc))
+    if not args.quiet:
+        from prefixcache.analyze.table import print_report
+
+        print_report(report, calls=None if args.calls == -1 else args.calls)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n",
+                        encoding="utf-8")
+    if args.plots:
+        from prefixcache.analyze.plots import write_plots
+
+        for p in write_plots(report, args.plots):
+            if not args.quiet:
+                print(f"wrote {p}")
+    return 0

@@ -1,0 +1,306 @@
+"""Turn run summaries into a Markdown table, PNG plots and ``RESULTS.md``.
+
+Summary keys (one JSON object per run, see :func:`prefixcache.bench.metrics.summarize`):
+``workload, model, peer, mode, dtype, threads, concurrency, machine, block_size,
+peer_detail, requests, errors, prompt_tokens, cached_tokens, hit_rate,
+prefill_tokens_computed, prefill_computed_fraction, output_tokens, ttft_p50_s, ttft_p90_s,
+ttft_p99_s, ttft_mean_s, ttft_cold_p50_s, ttft_warm_p50_s, cold_requests, warm_requests,
+warm_hit_rate, tpot_p50_s, tpot_mean_s, e2e_p50_s, effective_prefill_tok_s, output_tok_s,
+requests_per_s, wall_s, peak_rss_mib`` and, where they apply, ``ttft_cold_over_warm``,
+``cross_tenant_hits`` / ``cross_tenant_tokens`` (multi-tenant), ``reference_hit_rate``
+(agent: DeepSeek), ``cache_stats``, ``per_request``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUIRED_KEYS = ("workload", "model", "requests", "prompt_tokens", "cached_tokens", "hit_rate",
+                 "prefill_tokens_computed", "ttft_p50_s", "ttft_p99_s")
+
+PEER_ORDER = ["prefixcache", "prefixcache-nocache", "vllm", "llamacpp", "transformers"]
+
+
+def _key(s: dict) -> tuple:
+    p = PEER_ORDER.index(s["peer"]) if s["peer"] in PEER_ORDER else 99
+    return (s["workload"], 0 if s["mode"] == "offline" else 1, p)
+
+
+def _f(x, spec: str, scale: float = 1.0) -> str:
+    return "–" if x is None else format(x * scale, spec)
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{x:.1%}"
+
+
+def label(s: dict) -> str:
+    return f"{s['peer']} ({s['mode']})"
+
+
+# --------------------------------------------------------------------------- table
+def markdown_table(summaries: list[dict]) -> str:
+    head = ("| workload | peer (mode) | C | reqs | hit rate | prefill computed / prompt | TTFT p50 / p90 / p99 (ms) "
+            "| TTFT cold / warm p50 (ms) | TPOT p50 (ms) | eff. prefill tok/s | out tok/s | req/s | peak RSS (MiB) "
+            "| cross-tenant hits |")
+    rows = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
+    for s in sorted(summaries, key=_key):
+        computed = ("–" if s.get("prefill_tokens_computed") is None
+                    else f"{s['prefill_tokens_computed']:,} / {s['prompt_tokens']:,}")
+        rows.append(
+            f"| {s['workload']} | {label(s)} | {s['concurrency']} | {s['requests']}"
+            f"{' (' + str(s['errors']) + ' err)' if s.get('errors') else ''} | {_pct(s.get('hit_rate'))} | {computed} "
+            f"| {_f(s.get('ttft_p50_s'), '.0f', 1e3)} / {_f(s.get('ttft_p90_s'), '.0f', 1e3)} / "
+            f"{_f(s.get('ttft_p99_s'), '.0f', 1e3)} "
+            f"| {_f(s.get('ttft_cold_p50_s'), '.0f', 1e3)} / {_f(s.get('ttft_warm_p50_s'), '.0f', 1e3)} "
+            f"| {_f(s.get('tpot_p50_s'), '.1f', 1e3)} | {_f(s.get('effective_prefill_tok_s'), ',.0f')} "
+            f"| {_f(s.get('output_tok_s'), '.1f')} | {_f(s.get('requests_per_s'), '.2f')} "
+            f"| {_f(s.get('peak_rss_mib'), ',.0f')} | {s.get('cross_tenant_hits', '') if s.get('cross_tenant_hits', '') is not None else '–'} |")
+    return "\n".join(rows) + "\n"
+
+
+# --------------------------------------------------------------------------- goals
+@dataclass
+class Goal:
+    name: str
+    target: str
+    figure: str
+    status: str  # "met" | "missed" | "not measured"
+
+
+def _find(summaries, workload, peer, modes=("offline", "serving")):
+    for m in modes:
+        for s in summaries:
+            if s["workload"] == workload and s["peer"] == peer and s["mode"] == m and s["requests"] > s.get("errors", 0):
+                return s
+    return None
+
+
+def _serving_peer(summaries, workload, peer):
+    # transformers has no server: its offline run stands in for it in serving comparisons
+    return _find(summaries, workload, peer, ("serving", "offline") if peer == "transformers" else ("serving",))
+
+
+def goals(summaries: list[dict]) -> list[Goal]:
+    out: list[Goal] = []
+    # 1. warm vs cold TTFT at a high hit rate
+    s = _find(summaries, "shared-prefix", "prefixcache")
+    if s and s.get("ttft_cold_over_warm"):
+        h = s.get("warm_hit_rate") or 0.0
+        ideal = 1 / (1 - h) if h < 1 else float("inf")
+        nc = _find(summaries, "shared-prefix", "prefixcache-nocache", (s["mode"],))
+        extra = ""
+        if nc and nc.get("ttft_warm_p50_s") and s.get("ttft_warm_p50_s"):
+            extra = (f"; same warm requests with caching off: {nc['ttft_warm_p50_s'] * 1e3:.0f} ms, "
+                     f"{nc['ttft_warm_p50_s'] / s['ttft_warm_p50_s']:.1f}×")
+        r = s["ttft_cold_over_warm"]
+        out.append(Goal("TTFT speedup, warm over cold, at ~96% hit rate (shared-prefix)", "≥ 20× (ideal 25×)",
+                        f"{r:.1f}× ({label(s)}: cold p50 {s['ttft_cold_p50_s'] * 1e3:.0f} ms, warm p50 "
+                        f"{s['ttft_warm_p50_s'] * 1e3:.0f} ms at {h:.1%} warm hit rate, ideal compute ratio "
+                        f"{ideal:.0f}×{extra})", "met" if r >= 20 else "missed"))
+    else:
+        out.append(Goal("TTFT speedup, warm over cold (shared-prefix)", "≥ 20×", "not run", "not measured"))
+    # 2. agent hit rate against DeepSeek
+    s = _find(summaries, "agent", "prefixcache")
+    if s and s.get("hit_rate") is not None and s.get("reference_hit_rate") is not None:
+        ok = s["hit_rate"] >= s["reference_hit_rate"]
+        out.append(Goal("Agent-loop hit rate vs DeepSeek's recorded rate (same calls)", "≥ DeepSeek",
+                        f"{s['hit_rate']:.1%} vs DeepSeek {s['reference_hit_rate']:.1%} ({label(s)}, "
+                        f"{s['requests']} calls)", "met" if ok else "missed"))
+    else:
+        out.append(Goal("Agent-loop hit rate vs DeepSeek", "≥ DeepSeek", "not run", "not measured"))
+    # 3. tenant isolation
+    mt = [x for x in summaries if x["workload"] == "multi-tenant" and x["peer"] == "prefixcache"]
+    if mt and all(x.get("cross_tenant_hits") is not None for x in mt):
+        n = sum(x["cross_tenant_hits"] for x in mt)
+        out.append(Goal("Cross-tenant hits (multi-tenant)", "0",
+                        ", ".join(f"{label(x)}: {x['cross_tenant_hits']} of {x['requests']} requests "
+                                  f"(hit rate {_pct(x['hit_rate'])})" for x in mt), "met" if n == 0 else "missed"))
+    else:
+        out.append(Goal("Cross-tenant hits (multi-tenant)", "0", "not run", "not measured"))
+    # 4. serving comparisons
+    for wname in ("shared-prefix", "multi-turn"):
+        ours = _find(summaries, wname, "prefixcache", ("serving",))
+        v = _serving_peer(summaries, wname, "vllm")
+        if ours and v:
+            out.append(Goal(f"{wname} serving: TTFT p50 vs vLLM-CPU", "≤ vLLM",
+                            f"{ours['ttft_p50_s'] * 1e3:.0f} ms vs {v['ttft_p50_s'] * 1e3:.0f} ms "
+                            f"({v['ttft_p50_s'] / ours['ttft_p50_s']:.2f}× faster)" if ours["ttft_p50_s"] else "–",
+                            "met" if ours["ttft_p50_s"] <= v["ttft_p50_s"] else "missed"))
+        else:
+            out.append(Goal(f"{wname} serving: TTFT p50 vs vLLM-CPU", "≤ vLLM",
+                            "not run" if not ours else "vLLM not run", "not measured"))
+        for peer, need, name in (("vllm", 1.0, "vLLM-CPU"), ("llamacpp", 5.0, "llama-cpp-python server"),
+                                 ("transformers", 10.0, "transformers")):
+            p = _serving_peer(summaries, wname, peer)
+            if ours and p and p.get("requests_per_s"):
+                r = ours["requests_per_s"] / p["requests_per_s"]
+                out.append(Goal(f"{wname} serving: throughput vs {name}", f"≥ {need:g}×",
+                                f"{r:.2f}× ({ours['requests_per_s']:.2f} vs {p['requests_per_s']:.2f} req/s; "
+                                f"{ours['output_tok_s']:.1f} vs {p['output_tok_s']:.1f} out tok/s)",
+                                "met" if r >= need else "missed"))
+            else:
+                out.append(Goal(f"{wname} serving: throughput vs {name}", f"≥ {need:g}×",
+                                "not run" if not ours else f"{name} not run", "not measured"))
+    return out
+
+
+def goals_table(gs: list[Goal]) -> str:
+    rows = ["| goal | target | measured | status |", "|---|---|---|---|"]
+    rows += [f"| {g.name} | {g.target} | {g.figure} | **{g.status}** |" for g in gs]
+    return "\n".join(rows) + "\n"
+
+
+# --------------------------------------------------------------------------- plots
+def plot_ttft_cold_warm(summaries: list[dict], out_dir: Path) -> list[Path]:
+    """Per workload with both cold and warm requests: the TTFT distribution (empirical
+    CDF, log time axis) of cold (dashed) and warm (solid) requests, one colour per peer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for wname in sorted({s["workload"] for s in summaries}):
+        runs = [s for s in sorted(summaries, key=_key) if s["workload"] == wname and s.get("per_request")]
+        if not any(s.get("cold_requests") and s.get("warm_requests") for s in runs):
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+        for i, s in enumerate(runs):
+            color = f"C{i % 10}"
+            for warm, style in ((False, "--"), (True, "-")):
+                xs = sorted(r["ttft_s"] for r in s["per_request"]
+                            if r.get("ttft_s") is not None and r.get("error") is None and bool(r.get("warm_expected")) == warm)
+                if xs:
+                    ys = [(k + 1) / len(xs) for k in range(len(xs))]
+                    ax.step(xs, ys, where="post", linestyle=style, color=color,
+                            label=f"{label(s)} {'warm' if warm else 'cold'} (n={len(xs)})")
+        ax.set_xscale("log")
+        ax.set_xlabel("TTFT (s, log scale)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{wname}: TTFT, cold (dashed) vs warm (solid)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        p = out_dir / f"ttft_cold_warm_{wname}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def hit_rate_by_turn(per_request: list[dict], *, reference: bool = False) -> dict[int, float]:
+    """``{turn: sum cached / sum prompt}`` over requests of that turn/call index (with
+    ``reference``: DeepSeek's recorded counts)."""
+    num: dict[int, int] = {}
+    den: dict[int, int] = {}
+    for r in per_request:
+        if r.get("error"):
+            continue
+        c, p = ((r.get("reference_cached_tokens"), r.get("reference_prompt_tokens")) if reference
+                else (r.get("cached_tokens"), r.get("prompt_tokens")))
+        if c is None or not p:
+            continue
+        num[r["turn"]] = num.get(r["turn"], 0) + c
+        den[r["turn"]] = den.get(r["turn"], 0) + p
+    return {t: num[t] / den[t] for t in sorted(den)}
+
+
+def plot_hit_rate_per_turn(summaries: list[dict], out_dir: Path) -> list[Path]:
+    """Multi-turn (per turn) and agent (per call): hit rate by index, one line per peer
+    that reports cached tokens; agent adds DeepSeek's recorded rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for wname, xlabel in (("multi-turn", "turn"), ("agent", "call")):
+        runs = [s for s in sorted(summaries, key=_key) if s["workload"] == wname and s.get("per_request")]
+        lines = [(label(s), hit_rate_by_turn(s["per_request"])) for s in runs]
+        lines = [(n, d) for n, d in lines if d]
+        if runs and wname == "agent":
+            ref = hit_rate_by_turn(runs[0]["per_request"], reference=True)
+            if ref:
+                lines.append(("DeepSeek production (recorded)", ref))
+        if not lines:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for i, (name, d) in enumerate(lines):
+            style = ":" if name.startswith("DeepSeek") else "-"
+            ax.plot(list(d), list(d.values()), style, marker="o", markersize=3, label=name,
+                    color="k" if name.startswith("DeepSeek") else f"C{i % 10}")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel(f"{xlabel} index (0 = first)")
+        ax.set_ylabel("hit rate (cached / prompt tokens)")
+        ax.set_title(f"{wname}: prefix-cache hit rate per {xlabel}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+        p = out_dir / f"hit_rate_per_{xlabel}_{wname}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+# --------------------------------------------------------------------------- files
+def write_reports(summaries: list[dict], out_dir: Path, *, skipped=(), context: dict | None = None,
+                  command: str | None = None) -> dict[str, Path]:
+    """Write ``results.jsonl`` (summaries without per-request rows), ``results.md``
+    (the table), ``plots/*.png`` and ``RESULTS.md`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots_dir = out_dir / "plots"
+    plots_dir.mkdir(exist_ok=True)
+    with open(out_dir / "results.jsonl", "w") as f:
+        for s in sorted(summaries, key=_key):
+            f.write(json.dumps({k: v for k, v in s.items() if k != "per_request"}) + "\n")
+    table = markdown_table(summaries)
+    (out_dir / "results.md").write_text(table)
+    plots = plot_ttft_cold_warm(summaries, plots_dir) + plot_hit_rate_per_turn(summaries, plots_dir)
+    gs = goals(summaries)
+    (out_dir / "RESULTS.md").write_text(results_md(summaries, gs, plots, out_dir, skipped=skipped,
+                                                   context=context or {}, command=command))
+    return {"results.jsonl": out_dir / "results.jsonl", "results.md": out_dir / "results.md",
+            "RESULTS.md": out_dir / "RESULTS.md", **{p.name: p for p in plots}}
+
+
+def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, skipped=(), context: dict,
+               command: str | None) -> str:
+    ctx = context
+    first = summaries[0] if summaries else {}
+    lines = ["# prefixcache benchmark results", "",
+             "Generated by `prefixcache bench`; do not edit by hand." + (f" Command: `{command}`." if command else ""), "",
+             "## Setup", "",
+             f"- model: `{ctx.get('model', first.get('model'))}` (random-weight Llama, hidden 512, 8 layers, "
+             "8/4 heads, 1408 MLP, GPT-2 tokenizer, 75M parameters, unless another model is named)",
+             f"- dtype: {ctx.get('dtype', first.get('dtype'))}; threads per peer: {ctx.get('threads', first.get('threads'))}; "
+             f"concurrency: {ctx.get('concurrency', first.get('concurrency'))} (cold-burst: all at once; "
+             "transformers: serial)",
+             f"- machine: {ctx.get('machine', first.get('machine'))}",
+             f"- our page size: {ctx.get('block_size', 16)} tokens; max context {ctx.get('max_model_len', '?')} tokens; "
+             f"serving peers get the prompt rendered once by the bench (`/v1/{ctx.get('api', 'completions')}`), "
+             "greedy, fixed output length",
+             ""]
+    details = {}
+    for s in summaries:
+        details.setdefault(label(s), s.get("peer_detail") or {})
+    if details:
+        lines += ["Peers:", ""]
+        for name, d in details.items():
+            short = {k: v for k, v in d.items() if k != "command"}
+            lines.append(f"- {name}: " + ", ".join(f"{k}={v}" for k, v in short.items()))
+        lines.append("")
+    if skipped:
+        lines += ["Skipped:", ""] + [f"- {s.peer} ({s.mode}): {s.reason.splitlines()[0]}" for s in skipped] + [""]
+    lines += ["## Goals", "", goals_table(gs), "## All runs", "", markdown_table(summaries),
+              "TTFT cold/warm: requests whose prefix nobody sent before them vs requests whose prefix an earlier "
+              "request of the same tenant carried. Prefill computed: the engine's own counter where it has one "
+              "(ours, vLLM: prompt − prefix-cache hits; llama.cpp: prompt − prefix-match tokens in its log). "
+              "Effective prefill tok/s counts cached tokens. Peak RSS: the peer's process tree (offline peers: the "
+              "bench process).", "", "## Plots", ""]
+    for p in plots:
+        rel = p.relative_to(out_dir)
+        lines += [f"![{p.stem}]({rel.as_posix()})", ""]
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""``prefixcache serve``: the OpenAI-compatible HTTP server.
+
+    prefixcache serve --model builtin:tiny --host 127.0.0.1 --port 8000 \\
+        [--served-model-name NAME ...] [--api-keys keys.json] [--allow-reset]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from prefixcache.server.app import DEFAULT_MAX_BODY_BYTES
+
+log = logging.getLogger("prefixcache.server")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="OpenAI-compatible HTTP server",
+        description="Serve a model over the OpenAI API (/v1/completions, "
+                    "/v1/chat/completions, /v1/models), with /health, /metrics and "
+                    "/reset_prefix_cache.")
+    p.add_argument("--model", required=True,
+                   help="Hugging Face model directory, or builtin:tiny")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="names clients use as `model` (default: the --model argument); the "
+                        "first is reported")
+    p.add_argument("--api-keys", default=None, metavar="FILE",
+                   help='JSON {"<key>": {"tenant": "<id>", "admin": false}}; keys are required '
+                        "and each key's tenant gets its own cache namespace")
+    p.add_argument("--allow-reset", action="store_true",
+                   help="without --api-keys: let anyone call POST /reset_prefix_cache")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="largest request body (413 beyond; default 8 MiB)")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--no-access-log", action="store_true", help="no per-request log lines")
+    e = p.add_argument_group("engine")
+    e.add_argument("--block-size", type=int, default=16, help="tokens per KV page")
+    e.add_argument("--num-pages", type=int, default=None,
+                   help="KV pool size in pages (default: from --kv-cache-gib)")
+    e.add_argument("--kv-cache-gib", type=float, default=1.0,
+                   help="KV pool memory when --num-pages is not given")
+    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    e.add_argument("--max-num-seqs", type=int, default=64)
+    e.add_argument("--max-model-len", type=int, default=None)
+    e.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="waiting-queue limit; beyond it requests get 429 + Retry-After")
+    e.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="switch prefix caching off")
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--dtype", default="float32")
+    e.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant arithmetic (cold and warm runs bit-identical)")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--cache-aware-window-s", type=float, default=0.5)
+    e.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    return p
+
+
+def engine_config(args: argparse.Namespace):
+    from prefixcache.config import EngineConfig
+
+    return EngineConfig(
+        model=args.model, block_size=args.block_size, num_pages=args.num_pages,
+        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+        device=args.device, dtype=args.dtype, deterministic=args.deterministic, seed=args.seed,
+        cache_aware_window_s=args.cache_aware_window_s,
+        max_waiting_requests=args.max_waiting_requests, num_threads=args.num_threads)
+
+
+def build_app(args: argparse.Namespace):
+    """The app for ``args`` (loads the model). Raises ValueError / KeyFileError /
+    FileNotFoundError on bad arguments."""
+    from prefixcache.engine.engine import LLMEngine
+    from prefixcache.server.app import ServerSettings, create_app
+    from prefixcache.server.auth import Authenticator
+
+    auth = Authenticator.from_file(args.api_keys, allow_reset=args.allow_reset)
+    if args.max_body_bytes < 1024:
+        raise ValueError("--max-body-bytes must be at least 1024")
+    engine = LLMEngine(engine_config(args))
+    names = args.served_model_name or [args.model]
+    settings = ServerSettings(model_names=names, model_root=args.model, auth=auth,
+                              max_body_bytes=args.max_body_bytes)
+    log.info("model %s (served as %s), max_model_len %d, %d KV pages of %d tokens, "
+             "%s", args.model, ", ".join(names), engine.max_model_len,
+             engine.stats()["pages_total"], args.block_size,
+             f"{len(auth.tenants)} tenants from {args.api_keys}" if auth.enabled
+             else "single tenant, no API keys")
+    return create_app(engine, settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from prefixcache.server.auth import KeyFileError
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = build_app(args)
+    except (ValueError, KeyFileError, FileNotFoundError) as exc:
+        print(f"prefixcache serve: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                access_log=not args.no_access_log, timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,193 @@
+"""Prometheus metrics of the server (``GET /metrics``), on a registry per app.
+
+Request-level metrics are observed on the engine thread as outputs are produced
+(:meth:`ServerMetrics.observe_output`); engine-level counters and gauges are read from
+``LLMEngine.stats()`` at scrape time (:class:`EngineStatsCollector`).
+
+Labels are bounded: no per-request label ever. When an API-key file is configured,
+per-request counters carry a ``tenant`` label whose values are the tenants of that file
+(initialised to 0 at start-up); without one there is no tenant label. Other labels:
+``finished_reason`` (stop, length, abort, error) and ``code`` (HTTP status of rejected
+requests).
+
+``prefix_cache_queries_total`` / ``prefix_cache_hits_total`` are counted when a
+request's first token is produced, the moment its ``cached_tokens`` becomes final (the
+same event at which the engine counts them), so their increase over any period equals
+the sum of ``prompt_tokens`` / ``cached_tokens`` of the requests that got their first
+token in it.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from prefixcache.outputs import RequestOutput
+from prefixcache.server.async_engine import StreamState
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+               0.5, 0.75, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+               40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+# (metric name without _total, help, key of LLMEngine.stats())
+ENGINE_COUNTERS = (
+    ("prefill_tokens_computed", "Prompt tokens whose KV the engine computed (prefill "
+     "not skipped by the prefix cache), tokens.", "prefill_tokens_computed"),
+    ("decode_tokens_computed", "Tokens computed in decode steps, tokens.",
+     "decode_tokens_computed"),
+    ("prefix_cache_inflight_hits", "Part of prefix_cache_hits read from pages that were "
+     "still being computed by another request when this one was admitted, tokens.",
+     "inflight_hits"),
+    ("prefix_cache_evictions", "Cached pages evicted to make room, pages.", "evictions"),
+    ("prefix_cache_published_pages", "Pages published into the prefix index, pages.",
+     "published_pages"),
+    ("prefix_cache_reset_dropped_pages", "Cached pages dropped by /reset_prefix_cache, "
+     "pages.", "reset_dropped_pages"),
+    ("engine_steps", "Model steps run.", "steps"),
+    ("engine_failed_steps", "Model steps that failed (their requests finished with an "
+     "error).", "failed_steps"),
+    ("engine_preemptions", "Requests preempted (recomputed later) for lack of pages.",
+     "num_preemptions"),
+)
+ENGINE_GAUGES = (
+    ("kv_pages_total", "KV pool size, pages.", "pages_total"),
+    ("kv_pages_free", "Free pages (hold nothing).", "pages_free"),
+    ("kv_pages_cached", "Cached-free pages: published, unreferenced, evictable.",
+     "pages_cached"),
+    ("kv_pages_live", "Pages held by running requests.", "pages_live"),
+    ("requests_running", "Requests admitted and running in the engine.", "requests_running"),
+    ("requests_waiting", "Requests waiting for admission.", "requests_waiting"),
+)
+
+
+class EngineStatsCollector:
+    """Engine counters and gauges from the latest ``LLMEngine.stats()`` snapshot."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] = {}
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.snapshot
+        for name, doc, key in ENGINE_COUNTERS:
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=float(s[key]))
+        for name, doc, key in ENGINE_GAUGES:
+            if key in s:
+                yield GaugeMetricFamily(name, doc, value=float(s[key]))
+
+
+class ServerMetrics:
+    """All metrics of one server.
+
+    Args:
+        tenants: the configured tenant ids (key file), or ``None`` for no tenant label.
+    """
+
+    def __init__(self, tenants: list[str] | None = None):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.tenant_label = tenants is not None
+        t = ("tenant",) if self.tenant_label else ()
+        r = self.registry
+        self.queries = Counter(
+            "prefix_cache_queries", "Prompt tokens of requests whose cached_tokens became "
+            "final (first token produced), tokens.", t, registry=r)
+        self.hits = Counter(
+            "prefix_cache_hits", "Of prefix_cache_queries, tokens read from the prefix "
+            "cache: the sum of usage.prompt_tokens_details.cached_tokens, tokens.", t,
+            registry=r)
+        self.prompt_tokens = Counter(
+            "prompt_tokens", "Prompt tokens of finished requests, tokens.", t, registry=r)
+        self.generation_tokens = Counter(
+            "generation_tokens", "Generated tokens of finished requests, tokens.", t,
+            registry=r)
+        self.finished = Counter(
+            "request_success", "Finished requests by finish reason (abort: the client "
+            "disconnected or cancelled).", t + ("finished_reason",), registry=r)
+        self.rejected = Counter(
+            "requests_rejected", "Requests answered with an error status, by HTTP status "
+            "code.", ("code",), registry=r)
+        self.ttft = Histogram(
+            "time_to_first_token_seconds", "Time from request arrival to its first token, "
+            "seconds.", buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(
+            "inter_token_latency_seconds", "Time between two consecutive tokens of a "
+            "request, seconds.", buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(
+            "e2e_request_latency_seconds", "Time from request arrival to its last output, "
+            "seconds.", buckets=E2E_BUCKETS, registry=r)
+        self.batch = Histogram(
+            "engine_step_batch_requests", "Requests that produced a token in one engine "
+            "step (the batch's decode width).", buckets=BATCH_BUCKETS, registry=r)
+        self.engine_stats = EngineStatsCollector()
+        r.register(self.engine_stats)
+        for tenant in tenants or []:
+            for c in (self.queries, self.hits, self.prompt_tokens, self.generation_tokens):
+                c.labels(tenant)
+            for reason in FINISH_REASONS:
+                self.finished.labels(tenant, reason)
+        if not self.tenant_label:
+            for reason in FINISH_REASONS:
+                self.finished.labels(reason)
+
+    def _t(self, metric: Counter, tenant: str | None, *extra: str) -> Counter:
+        if self.tenant_label:
+            return metric.labels(tenant or "", *extra)
+        return metric.labels(*extra) if extra else metric
+
+    # -- engine thread -------------------------------------------------------------------
+    def observe_output(self, st: StreamState, out: RequestOutput) -> None:
+        """Account one output of a request (called on the engine thread)."""
+        o = st.obs
+        m = out.metrics
+        tenant = st.spec.tenant
+        n = len(out.outputs[0].token_ids) if out.outputs else 0
+        if n > 0 and not o.get("counted"):
+            o["counted"] = True
+            self._t(self.queries, tenant).inc(len(out.prompt_token_ids))
+            self._t(self.hits, tenant).inc(out.num_cached_tokens)
+            if m is not None and m.first_token_time is not None:
+                self.ttft.observe(max(0.0, m.first_token_time - m.arrival_time))
+                o["last_t"] = m.first_token_time
+            o["n"] = 1
+        prev = o.get("n", 0)
+        if n > prev > 0 and m is not None and m.last_token_time is not None and "last_t" in o:
+            gap = max(0.0, (m.last_token_time - o["last_t"]) / (n - prev))
+            for _ in range(n - prev):
+                self.itl.observe(gap)
+            o["last_t"] = m.last_token_time
+            o["n"] = n
+        if out.finished:
+            reason = (out.outputs[0].finish_reason if out.outputs else None) or "error"
+            if reason not in FINISH_REASONS:
+                reason = "error"
+            self._t(self.finished, tenant, reason).inc()
+            self._t(self.prompt_tokens, tenant).inc(len(out.prompt_token_ids))
+            self._t(self.generation_tokens, tenant).inc(n)
+            if m is not None and m.finished_time is not None:
+                self.e2e.observe(max(0.0, m.finished_time - m.arrival_time))
+
+    def observe_step(self, outputs: list[RequestOutput]) -> None:
+        """One engine step's outputs: the number that carry a new token."""
+        width = sum(1 for out in outputs
+                    if out.outputs and out.outputs[0].token_ids and
+                    out.outputs[0].finish_reason not in ("abort", "error"))
+        if width:
+            self.batch.observe(width)
+
+    # -- event loop --------------------------------------------------------------------
+    def reject(self, status: int) -> None:
+        self.rejected.labels(str(status)).inc()
+
+    def render(self, engine_stats: dict[str, Any] | None) -> bytes:
+        if engine_stats is not None:
+            self.engine_stats.snapshot = dict(engine_stats)
+        return generate_latest(self.registry)

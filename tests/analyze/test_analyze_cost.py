@@ -1,0 +1,140 @@
+"""Cost figures of handmade logs under handmade sheets (prices per 1 token)."""
+import json
+
+import pytest
+
+from prefixcache.analyze.cost import ReplayCache, price_log
+from prefixcache.analyze.pricing import (PriceSheetError, builtin_sheet_names, load_sheet,
+                                         parse_price_specs, resolve, validate_sheet)
+from prefixcache.analyze.replay import ReplayConfig
+from prefixcache.analyze.usage import Usage
+from tests.analyze.conftest import tokreq
+
+R = list(range(1, 40))
+
+
+def sheet(kind="automatic", **mode):
+    return {"provider": "acme", "source": "https://example.com", "as_of": "2025-01-01",
+            "per_tokens": 1, "modes": [{"name": "m", "kind": kind, **mode}],
+            "models": {"x": {"input": 1.0, "cached_input": 0.25, "output": 2.0,
+                             "storage_per_mtok_hour": 1e6}}}
+
+
+def price(reqs, sh, **cfg):
+    (p,) = resolve(sh)
+    return price_log(reqs, p, ReplayCache(reqs, ReplayConfig(block_size=16, **cfg)))
+
+
+def test_automatic_discount_min_and_formula():
+    reqs = [tokreq("a", R[:12], tenant="t1"), tokreq("b", R[:20], tenant="t1"),
+            tokreq("c", R[:5], tenant="t1"), tokreq("d", R[:6], tenant="t2")]
+    c = price(reqs, sheet(unit_tokens=4, min_cached_tokens=8))
+    # unit 4: b reads a's 3 pages (12); c's 4-token hit is under the minimum
+    assert c.per_call_cached == [0, 12, 0, 0]
+    assert c.flat == 43.0
+    assert c.cache_aware == 12 + (8 + 12 * 0.25) + 5 + 6 == 34.0
+    assert c.savings == 9.0
+    assert c.hit_share == 12 / 43 and c.prices.read_ratio == 0.25
+    assert c.formula_ratio == pytest.approx(43 / 34, rel=1e-12)
+    assert c.input_ratio == pytest.approx(c.formula_ratio, rel=1e-12)
+    t1, t2 = c.per_tenant["t1"], c.per_tenant["t2"]
+    assert (t1.flat, t1.cache_aware, t1.savings) == (37.0, 28.0, 9.0)
+    assert (t2.flat, t2.cache_aware, t2.savings) == (6.0, 6.0, 0.0)
+
+
+def test_output_tokens_from_usage_or_response():
+    a = tokreq("a", R[:12], response=R[12:15])  # 3 response tokens, no usage
+    b = tokreq("b", R[:20], usage=Usage("openai", 20, 0, 0, 10))
+    c = price([a, b], sheet(unit_tokens=4))
+    assert c.output_tokens == 13 and c.output_source == "mixed"
+    assert c.flat == 32 + 13 * 2.0
+    # b reads a's prompt and published response: 12 + 3 - 1 = 14 tokens -> 3 pages
+    assert c.per_call_cached == [0, 12]
+
+
+def test_breakpoints_read_write_ttl_and_minimum():
+    sh = sheet("breakpoints", max_breakpoints=4, write_multiplier=1.25, read_multiplier=0.1,
+               ttl_seconds=300)
+    a = tokreq("a", list(range(30)), boundaries=[10, 25], roles=["system", "user"], ts=0.0)
+    b = tokreq("b", list(range(25)) + list(range(100, 120)), boundaries=[10, 25, 35, 40],
+               roles=["system", "user", "assistant", "tool"], ts=60.0)
+    c = price([a, b], sh)
+    assert (c.per_call_cached, c.per_call_write) == ([0, 25], [25, 15])
+    assert c.flat == 75.0
+    assert c.cache_aware == (5 + 25 * 1.25) + (5 + 25 * 0.1 + 15 * 1.25) == 62.5
+    b.request.timestamp = 400.0  # past the 5-minute TTL: everything is written again
+    c = price([a, b], sh)
+    assert (c.per_call_cached, c.per_call_write) == ([0, 0], [25, 40])
+    sh["models"]["x"]["min_cacheable_tokens"] = 30  # a's breakpoints are too short
+    c = price([a, b], sh)
+    assert (c.per_call_cached, c.per_call_write) == ([0, 0], [0, 40 - 0])
+
+
+def test_breakpoint_placement_static_plus_latest():
+    from prefixcache.analyze.breakpoints import choose_breakpoints
+    b = [5, 10, 20, 30, 40, 50]
+    roles = ["tools", "system", "user", "assistant", "tool", "assistant"]
+    assert choose_breakpoints(b, roles, 4, 0) == [10, 30, 40, 50]
+    assert choose_breakpoints(b, roles, 4, 25) == [30, 40, 50]
+    assert choose_breakpoints(b, ["user"] * 6, 4, 0) == [20, 30, 40, 50]
+
+
+def test_explicit_storage_token_hours():
+    sh = sheet("explicit", unit_tokens=4, ttl_seconds=3600)
+    a = tokreq("a", R[:12], ts=0.0)
+    b = tokreq("b", R[:20], ts=1800.0)
+    c = price([a, b], sh)
+    # a's 3 pages are read by b: stored from t=0 to 1800 s + one TTL = 1.5 h each
+    assert c.storage_token_hours == 3 * 4 * 1.5
+    assert c.storage == 18.0
+    assert c.cache_aware == 12 + 8 + 12 * 0.25 + 18.0
+    a.request.timestamp = b.request.timestamp = None  # no times: one TTL per page
+    assert price([a, b], sh).storage_token_hours == 3 * 4 * 1.0
+
+
+def test_self_hosted_prices_from_throughput_and_analysis_cache():
+    sh = {"provider": "self-hosted", "source": "x", "as_of": "2025-01-01",
+          "modes": [{"name": "pc", "kind": "automatic", "use_analysis_cache": True}],
+          "models": {"gpu": {"accelerator_hour": 3.6, "prefill_tokens_per_second": 1000,
+                             "decode_tokens_per_second": 100, "cached_input": 0.0}}}
+    (p,) = resolve(sh)
+    assert p.input == pytest.approx(1e-6, rel=1e-12) and p.output == pytest.approx(1e-5)
+    (q,) = resolve(sh, overrides={"accelerator_hour": 7.2})
+    assert q.input == pytest.approx(2e-6, rel=1e-12)
+    reqs = [tokreq("a", R[:12]), tokreq("b", R[:20])]
+    c = price_log(reqs, p, ReplayCache(reqs, ReplayConfig(block_size=8)))
+    assert c.per_call_cached == [0, 8]  # the analysis block size (8), not a provider unit
+    assert c.formula_ratio == pytest.approx(32 / 24, rel=1e-12)
+
+
+def test_builtin_sheets_are_complete():
+    names = builtin_sheet_names()
+    assert {"openai", "anthropic", "deepseek", "gemini", "self-hosted"} <= set(names)
+    for n in names:
+        s = load_sheet(n)
+        assert s["source"] and s["as_of"]
+    kinds = {p.label: p for p in parse_price_specs(["all"])}
+    a5 = kinds["anthropic/claude-sonnet-4-5/5m"]
+    assert a5.write / a5.input == pytest.approx(1.25) and a5.read / a5.input == pytest.approx(0.1)
+    assert kinds["anthropic/claude-sonnet-4-5/1h"].write / a5.input == pytest.approx(2.0)
+    assert a5.max_breakpoints == 4 and a5.min_cached_tokens == 1024
+    ds = kinds["deepseek/deepseek-chat/automatic"]
+    assert (ds.input * 1e6, ds.read * 1e6, ds.unit_tokens) == (0.28, 0.028, 64)
+    assert kinds["gemini/gemini-2.5-flash/explicit-1h"].storage_per_token_hour > 0
+    assert kinds["openai/gpt-4.1/automatic"].min_cached_tokens == 1024
+
+
+def test_sheet_specs_and_errors(tmp_path):
+    (p,) = parse_price_specs(["openai:gpt-4o"])
+    assert p.model == "gpt-4o" and p.input * 1e6 == pytest.approx(2.5)
+    f = tmp_path / "mine.json"
+    f.write_text(json.dumps(sheet()))
+    assert parse_price_specs([f"{f}:x"])[0].provider == "acme"
+    with pytest.raises(PriceSheetError, match="no model"):
+        parse_price_specs(["openai:nope"])
+    with pytest.raises(PriceSheetError, match="no built-in"):
+        parse_price_specs(["nosuch"])
+    bad = sheet()
+    del bad["models"]["x"]["cached_input"]
+    with pytest.raises(PriceSheetError, match="cached_input"):
+        validate_sheet(bad)

@@ -1,0 +1,149 @@
+"""Peers: clear skip messages when absent, and the offline engine loop on a fake engine."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefixcache.bench import runner
+from prefixcache.bench.peers import PeerContext, PeerUnavailable, make_peer
+from prefixcache.bench.peers.ours_offline import drive_engine
+from prefixcache.bench.peers.server import ServerProcess
+from prefixcache.bench.prompts import Prompt
+from prefixcache.bench.workloads import BenchRequest, WorkloadConfig
+from prefixcache.outputs import CompletionOutput, RequestOutput
+
+
+def ctx(tmp_path, **kw) -> PeerContext:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir(exist_ok=True)
+    return PeerContext(model=str(model_dir), model_dir=model_dir, work_dir=tmp_path / "work",
+                       peers_dir=tmp_path / "no-peers", **kw)
+
+
+@pytest.mark.parametrize("name, venv", [("vllm", "vllm"), ("llamacpp", "llamacpp")])
+def test_absent_peer_venv_gives_a_clear_skip_message(tmp_path, name, venv):
+    peer = make_peer(name, "serving")
+    with pytest.raises(PeerUnavailable) as exc:
+        peer.check(ctx(tmp_path))
+    msg = str(exc.value)
+    assert f"no-peers/{venv}/bin/python is missing" in msg and "make peers" in msg
+
+
+def test_llamacpp_needs_the_converter_from_the_sdist(tmp_path):
+    c = ctx(tmp_path)
+    (c.peers_dir / "llamacpp" / "bin").mkdir(parents=True)
+    (c.peers_dir / "llamacpp" / "bin" / "python").touch()
+    with pytest.raises(PeerUnavailable, match="GGUF converter is missing"):
+        make_peer("llamacpp", "serving").check(c)
+
+
+def test_modes_and_models_peers_cannot_use(tmp_path):
+    with pytest.raises(PeerUnavailable, match="serving mode only, skipped in offline mode"):
+        make_peer("vllm", "offline")
+    with pytest.raises(PeerUnavailable, match="serving mode only"):
+        make_peer("llamacpp", "offline")
+    assert make_peer("transformers", "serving").mode == "offline"  # no server: runs offline
+    with pytest.raises(PeerUnavailable, match="needs a Hugging Face model directory"):
+        make_peer("transformers", "offline").check(PeerContext(model="builtin:tiny", model_dir=None))
+    with pytest.raises(ValueError, match="unknown peer"):
+        make_peer("tgi", "serving")
+
+
+def test_runner_skips_absent_peers_and_reports_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "resolve_model", lambda m: (str(tmp_path), tmp_path))
+    monkeypatch.setattr(runner, "make_renderer", lambda m, d: _CharRenderer())
+    monkeypatch.setattr(runner.wl, "build_workload", lambda name, cfg, measure=None: [
+        BenchRequest(id="r", session="r", prompt="hello", max_tokens=2)])
+    import prefixcache.bench.peers.base as base
+    monkeypatch.setattr(base.PeerContext, "__init__", _patched_init(base.PeerContext.__init__, tmp_path))
+    opts = runner.BenchOptions(workloads=["few-shot"], peers=["vllm", "llamacpp"], modes=["serving", "offline"],
+                               workload_config=WorkloadConfig(), progress=False)
+    logs: list[str] = []
+    result = runner.run_bench(opts, log=logs.append)
+    assert result.summaries == []
+    reasons = {(s.peer, s.mode): s.reason for s in result.skipped}
+    assert set(reasons) == {("vllm", "serving"), ("llamacpp", "serving"), ("vllm", "offline"),
+                            ("llamacpp", "offline")}
+    assert "make peers" in reasons[("vllm", "serving")]
+    assert any(line.startswith("skip vllm (serving): not installed") for line in logs)
+
+
+def _patched_init(orig, tmp_path):
+    def init(self, *a, **kw):
+        orig(self, *a, **kw)
+        self.peers_dir = tmp_path / "no-peers"
+    return init
+
+
+class _CharRenderer:
+    def render(self, req):
+        return Prompt(req.prompt, [ord(c) for c in req.prompt])
+
+
+# --------------------------------------------------------------------------- offline loop
+class FakeEngine:
+    """One token per step per running request; the first step of a request is its
+    prefill. Requests whose prompt starts with 7 report 16 cached tokens."""
+
+    def __init__(self):
+        self.running: dict[str, dict] = {}
+        self.added: list[tuple[str, int, str | None]] = []
+        self.counters = {"prefill_tokens_computed": 0}
+
+    def add_request(self, rid, ids, params, tenant=None, cache_salt=None):
+        if len(ids) > 100:
+            raise ValueError("prompt: too long")
+        self.added.append((rid, len(ids), tenant))
+        self.running[rid] = {"ids": ids, "out": [], "max": params.max_tokens, "cached": 16 if ids[0] == 7 else 0}
+
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+    def step(self):
+        outs = []
+        for rid, st in list(self.running.items()):
+            if not st["out"]:
+                self.counters["prefill_tokens_computed"] += len(st["ids"]) - st["cached"]
+            st["out"].append(1)
+            done = len(st["out"]) == st["max"]
+            outs.append(RequestOutput(request_id=rid, prompt=None, prompt_token_ids=st["ids"],
+                                      outputs=[CompletionOutput(0, "", list(st["out"]),
+                                                                finish_reason="length" if done else None)],
+                                      finished=done, num_cached_tokens=st["cached"]))
+            if done:
+                del self.running[rid]
+        return outs
+
+
+def test_drive_engine_records_ttft_cached_tokens_and_rejections():
+    reqs = [BenchRequest(id="a0", session="a", turn=0, max_tokens=3, tenant="t"),
+            BenchRequest(id="a1", session="a", turn=1, max_tokens=2, tenant="t"),
+            BenchRequest(id="b0", session="b", max_tokens=1),
+            BenchRequest(id="big", session="c", max_tokens=1)]
+    prompts = {"a0": Prompt(None, [5] * 20), "a1": Prompt(None, [7] * 30), "b0": Prompt(None, [7] * 17),
+               "big": Prompt(None, [1] * 101)}
+    eng = FakeEngine()
+    done = []
+    results, wall = drive_engine(eng, reqs, prompts, concurrency=2, on_done=done.append)
+    by_id = {r.id: r for r in results}
+    assert len(done) == 4 and wall > 0
+    assert [a[0] for a in eng.added] == ["a0", "b0", "a1"]  # big was rejected, a1 waited for a0
+    assert eng.added[0][2] == "t"
+    assert (by_id["a0"].output_tokens, by_id["a0"].cached_tokens, by_id["a1"].cached_tokens) == (3, 0, 16)
+    assert by_id["a1"].send_time >= by_id["a0"].end_time
+    assert all(r.first_token_time is not None and r.error is None for r in results if r.id != "big")
+    assert by_id["big"].error.startswith("ValueError: prompt: too long")
+    assert eng.counters["prefill_tokens_computed"] == 20 + 14 + 1
+
+
+def test_server_process_start_failure_shows_the_log(tmp_path):
+    import sys
+
+    proc = ServerProcess([sys.executable, "-c", "import sys; print('boom: no model'); sys.exit(3)"], {},
+                         tmp_path / "logs" / "x.log")
+    proc.start()
+    with pytest.raises(PeerUnavailable, match=r"(?s)exited with code 3.*boom: no model"):
+        proc.wait_ready("http://127.0.0.1:9/health", timeout_s=30)
+    proc.stop()
+    assert Path(tmp_path / "logs" / "x.log").read_text().startswith("$ ")

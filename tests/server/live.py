@@ -1,0 +1,139 @@
+"""Helpers of the server tests: real ``prefixcache serve`` processes on loopback.
+
+Two session-scoped servers run ``builtin:tiny`` (random weights, loads instantly):
+
+* ``server``: single-tenant (no key file), ``--allow-reset``, served as ``tiny`` and
+  ``builtin:tiny``;
+* ``tenant_server``: ``--api-keys`` with tenants ``alice``, ``bob`` and an admin key, and
+  a small queue (``--max-num-seqs 2 --max-waiting-requests 2``) for the 429 test.
+
+Each test uses prompts that start with a fresh nonce (:func:`unique_prompt`), so tests
+never hit each other's cache pages.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK = 16
+KEYS = {
+    "sk-alice": {"tenant": "alice", "admin": False},
+    "sk-alice-2": {"tenant": "alice", "admin": False},
+    "sk-bob": {"tenant": "bob", "admin": False},
+    "sk-ops": {"tenant": "ops", "admin": True},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """A ``prefixcache serve`` subprocess (own process group, log to a file)."""
+
+    def __init__(self, args: list[str], log_path: Path):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        argv = [sys.executable, "-m", "prefixcache.cli", "serve", "--model", "builtin:tiny",
+                "--host", "127.0.0.1", "--port", str(self.port), "--num-pages", "512",
+                "--num-threads", "1", "--log-level", "warning", "--no-access-log", *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+
+    @property
+    def v1(self) -> str:
+        return self.base + "/v1"
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log()}")
+            try:
+                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+
+    # -- helpers -------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        """``{name{labels}: value}`` of the current /metrics scrape."""
+        text = httpx.get(self.base + "/metrics", timeout=30).text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(None, 1)
+                out[key] = float(value)
+        return out
+
+    def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
+        """Poll /metrics until no request runs or waits and no page is live."""
+        t0 = time.monotonic()
+        while True:
+            m = self.metrics()
+            if (m["kv_pages_live"] == 0 and m["requests_running"] == 0
+                    and m["requests_waiting"] == 0):
+                return m
+            if time.monotonic() - t0 > timeout:
+                raise AssertionError(f"server not idle after {timeout} s: "
+                                     f"live={m['kv_pages_live']} running={m['requests_running']} "
+                                     f"waiting={m['requests_waiting']}")
+            time.sleep(0.1)
+
+
+def unique_prompt(n_words: int = 24) -> str:
+    """A prompt no other test sends (its first page is unique), about 6 tokens a word."""
+    return f"[{uuid.uuid4().hex}] " + " ".join(f"word{i}" for i in range(n_words))
+
+
+def expected_hit(prompt_tokens: int) -> int:
+    """Cached tokens of an exact repeat: whole pages, never the last prompt token."""
+    return (prompt_tokens - 1) // BLOCK * BLOCK
+
+
+def labelled(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """Value of ``name{labels}`` (label order as the exposition writes it)."""
+    for key, v in metrics.items():
+        m = re.fullmatch(rf"{re.escape(name)}(?:\{{(.*)\}})?", key)
+        if not m:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if got == labels:
+            return v
+    raise KeyError(f"{name}{labels} not in metrics")
