@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "serve": "prefixcache.server.cli",
     "bench": "prefixcache.bench.cli",
     "bench-cache": "prefixcache.bench.cache_core",
+    "bench-engine": "prefixcache.bench.engine_perf",
     "analyze": "prefixcache.analyze.cli",
 }
 

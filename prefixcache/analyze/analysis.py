@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixcache.analyze.breakers import find_breakers, group_breakers
-from prefixcache.analyze.cost import ReplayCache, price_log
+from prefixcache.analyze.cost import price_log
 from prefixcache.analyze.encode import EncodeInfo, encode_requests
 from prefixcache.analyze.pricing import parse_price_specs
 from prefixcache.analyze.records import Request, TokenizedRequest
-from prefixcache.analyze.replay import ReplayConfig, ReplayResult, replay
+from prefixcache.analyze.replay import ReplayCache, ReplayConfig, ReplayResult
 from prefixcache.analyze.sweep import (BLOCK_SIZES, block_size_sweep, capacity_points,
                                        capacity_sweep)
 from prefixcache.analyze.tree import summarize_tree
@@ -80,11 +80,10 @@ def analyze_tokenized(trs: list[TokenizedRequest], info: EncodeInfo, opts: Analy
     """The report for already tokenized requests (see :func:`analyze_requests`)."""
     cfg = ReplayConfig(block_size=opts.block_size, capacity_tokens=opts.capacity_tokens,
                        publish_responses=opts.publish_responses, ttl_seconds=opts.ttl_seconds)
-    main = replay(trs, cfg)
-    unb_cfg = ReplayConfig(**{**cfg.__dict__, "capacity_tokens": None, "keep_hashes": True})
-    unb = replay(trs, unb_cfg)
-    if opts.capacity_tokens is None:
-        main = unb
+    replays = ReplayCache(trs, cfg)
+    unb = replays.get(ReplayConfig(**{**cfg.__dict__, "capacity_tokens": None,
+                                      "keep_hashes": True, "track_page_use": True}))
+    main = replays.get(cfg)
     rows = list(zip(trs, main.calls, unb.calls))
     tenants = _group(rows, lambda tr: tr.tenant or "")
     turns = _group(rows, lambda tr: tr.request.turn)
@@ -113,8 +112,9 @@ def analyze_tokenized(trs: list[TokenizedRequest], info: EncodeInfo, opts: Analy
         caps = capacity_points(report["footprint_tokens"], largest, opts.block_size,
                                opts.capacity_tokens)
         report["sweeps"] = {
-            "block_size": [p.as_dict() for p in block_size_sweep(trs, cfg, opts.block_sizes)],
-            "capacity": [p.as_dict() for p in capacity_sweep(trs, cfg, caps)],
+            "block_size": [p.as_dict() for p in block_size_sweep(replays, cfg,
+                                                                  opts.block_sizes)],
+            "capacity": [p.as_dict() for p in capacity_sweep(replays, cfg, caps)],
         }
     breakers = find_breakers(trs, [c.cached_tokens for c in unb.calls], opts.block_size,
                              tokenizer, publish_responses=opts.publish_responses)
@@ -125,10 +125,10 @@ def analyze_tokenized(trs: list[TokenizedRequest], info: EncodeInfo, opts: Analy
     report["tree"] = summarize_tree(trs, unb.prompt_hashes or [], opts.block_size, tokenizer,
                                     opts.top_prefixes).as_dict()
     if opts.costs:
-        cache = ReplayCache(trs, cfg, main)
-        report["costs"] = [price_log(trs, p, cache).as_dict()
+        report["costs"] = [price_log(trs, p, replays).as_dict()
                            for p in parse_price_specs(opts.prices, opts.price_overrides)]
     report["validation"] = compare_recorded(trs, main)
+    report["replays_run"] = replays.replays_run
     return report
 
 

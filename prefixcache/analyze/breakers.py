@@ -8,9 +8,12 @@ its prompt, then its recorded response (the engine publishes decode pages). For 
 
 1. ``d`` = their longest common token prefix: the **divergence** token index.
 2. Re-alignment: the smallest ``j`` (then ``i``) such that ``A[d+i:]`` and ``B[d+j:]``
-   start with the same ``anchor`` tokens, searched within ``window`` tokens of ``d``,
-   keeping the first one after which they share at least ``min_shared`` tokens (``m``,
-   the **shared-after** run). ``B[d:d+j]`` is B's divergent span (a timestamp, an id).
+   share at least ``min_shared`` leading tokens (``m`` of them, the **shared-after**
+   run), searched within ``window`` tokens of ``d``. ``B[d:d+j]`` is B's divergent span
+   (a timestamp, an id).
+   The run must also cover at least half of the shorter of the two remainders
+   (``m >= min_fraction * min(len(A) - d - i, len(B) - d - j)``): the pair shares most
+   of its text after the divergence, not just some boilerplate.
 3. **Tokens cost**: had B's divergent span matched A's, B would have read
    ``would = floor_page(min(d + j + m, len(B) - 1))`` tokens from A's pages instead of
    what it read (``max(floor_page(d), hit)``, ``hit`` being B's replayed hit). The
@@ -27,13 +30,14 @@ import re
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from prefixcache.analyze.records import TokenizedRequest
 from prefixcache.analyze.textmap import prompt_context
 
-ANCHOR_TOKENS = 8
 WINDOW_TOKENS = 2048
 MIN_SHARED_TOKENS = 32
+MIN_SHARED_FRACTION = 0.5
 LOOKBACK = 8
 
 
@@ -78,23 +82,35 @@ def lcp(a: np.ndarray, b: np.ndarray) -> int:
     return int(neq[0]) if len(neq) else n
 
 
-def realign(a: np.ndarray, b: np.ndarray, d: int, *, anchor: int = ANCHOR_TOKENS,
-            window: int = WINDOW_TOKENS, min_shared: int = MIN_SHARED_TOKENS
-            ) -> tuple[int, int, int] | None:
+_MULT = np.random.default_rng(0x5EED).integers(1, 2**63, size=4096, dtype=np.uint64) | 1
+
+
+def _grams(x: np.ndarray, start: int, last: int, k: int) -> np.ndarray:
+    """64-bit hashes of ``x[p:p+k]`` for ``p`` in ``[start, last]``."""
+    win = sliding_window_view(x[start:last + k].astype(np.uint64), k)
+    with np.errstate(over="ignore"):
+        return (win * _MULT[:k]).sum(axis=1, dtype=np.uint64)
+
+
+def realign(a: np.ndarray, b: np.ndarray, d: int, *, window: int = WINDOW_TOKENS,
+            min_shared: int = MIN_SHARED_TOKENS) -> tuple[int, int, int] | None:
     """``(i, j, m)``: ``A[d+i:]`` and ``B[d+j:]`` share ``m >= min_shared`` leading
-    tokens, ``j`` smallest (see the module docstring); ``None`` if no such place."""
-    a_last = min(len(a) - anchor, d + window)
-    b_last = min(len(b) - anchor, d + window)
-    if a_last < d or b_last < d:
+    tokens, ``j`` smallest, then ``i`` (see the module docstring); ``None`` if there is
+    no such place within ``window`` tokens of ``d``. Candidate places are found by
+    hashing every ``min_shared``-token run of both windows, then checked token by token.
+    """
+    k = min(min_shared, len(_MULT))
+    a_last = min(len(a) - k, d + window)
+    b_last = min(len(b) - k, d + window)
+    if a_last < d or b_last < d or k < 1:
         return None
-    index: dict[bytes, list[int]] = {}
-    for p in range(d, a_last + 1):
-        index.setdefault(a[p:p + anchor].tobytes(), []).append(p)
-    for q in range(d, b_last + 1):
-        for p in index.get(b[q:q + anchor].tobytes(), ()):
-            m = lcp(a[p:], b[q:])
+    ha = _grams(a, d, a_last, k)
+    hb = _grams(b, d, b_last, k)
+    for q in np.flatnonzero(np.isin(hb, ha)):
+        for p in np.flatnonzero(ha == hb[q]):
+            m = lcp(a[d + p:], b[d + q:])
             if m >= min_shared:
-                return p - d, q - d, m
+                return int(p), int(q), m
     return None
 
 
@@ -115,15 +131,17 @@ def group_key(tr: TokenizedRequest, char: int | None, role: str | None) -> str:
     return f"{where}, after {lines[-1][-50:]!r}" if lines else where
 
 
-def _pair(a: np.ndarray, b: np.ndarray, hit_b: int, bs: int, **kw
-          ) -> tuple[int, int, int, int, int] | None:
+def _pair(a: np.ndarray, b: np.ndarray, hit_b: int, bs: int, *, window: int,
+          min_shared: int, min_fraction: float) -> tuple[int, int, int, int, int] | None:
     d = lcp(a, b)
-    if d >= len(a) - kw.get("anchor", ANCHOR_TOKENS) or d >= len(b) - 1:
+    if d >= len(a) - min_shared or d >= len(b) - 1:
         return None
-    found = realign(a, b, d, **kw)
+    found = realign(a, b, d, window=window, min_shared=min_shared)
     if found is None:
         return None
     i, j, m = found
+    if m < min_fraction * min(len(a) - d - i, len(b) - d - j):
+        return None
     would = min(d + j + m, len(b) - 1) // bs * bs
     cost = would - max(d // bs * bs, hit_b)
     if cost < bs:
@@ -133,8 +151,9 @@ def _pair(a: np.ndarray, b: np.ndarray, hit_b: int, bs: int, **kw
 
 def find_breakers(requests: list[TokenizedRequest], hits: list[int], block_size: int,
                   tokenizer=None, *, publish_responses: bool = True,
-                  lookback: int = LOOKBACK, anchor: int = ANCHOR_TOKENS,
-                  window: int = WINDOW_TOKENS, min_shared: int = MIN_SHARED_TOKENS
+                  lookback: int = LOOKBACK, window: int = WINDOW_TOKENS,
+                  min_shared: int = MIN_SHARED_TOKENS,
+                  min_fraction: float = MIN_SHARED_FRACTION
                   ) -> list[Breaker]:
     """One :class:`Breaker` per request that has one (its costliest pair).
 
@@ -143,17 +162,24 @@ def find_breakers(requests: list[TokenizedRequest], hits: list[int], block_size:
         tokenizer: for the text around the divergence (omitted: no text).
         publish_responses: as in the replay (a partner offers its response too).
     """
-    kw = dict(anchor=anchor, window=window, min_shared=min_shared)
-    arrays = [np.asarray(r.prompt_ids, dtype=np.int64) for r in requests]
-    # A partner offers what it published: its prompt and its response (but the last
-    # generated token, whose KV is never written).
-    published = [np.asarray(r.prompt_ids + r.response_ids[:-1], dtype=np.int64)
-                 if publish_responses and len(r.response_ids) > 1 else arrays[n]
-                 for n, r in enumerate(requests)]
+    kw = dict(window=window, min_shared=min_shared, min_fraction=min_fraction)
+    pub: dict[int, np.ndarray] = {}  # partners still in reach, as published
+
+    def published(n: int) -> np.ndarray:
+        # what a partner offers: its prompt, then its response but the last token
+        # (whose KV is never written)
+        if n not in pub:
+            r = requests[n]
+            ids = r.prompt_ids + r.response_ids[:-1] if publish_responses else r.prompt_ids
+            pub[n] = np.asarray(ids, dtype=np.int64)
+        return pub[n]
+
     by_ns: dict[tuple, list[int]] = {}
     last_in_conv: dict[tuple, int] = {}
+    conv_lasts: set[int] = set()
     out: list[Breaker] = []
     for k, r in enumerate(requests):
+        b = np.asarray(r.prompt_ids, dtype=np.int64)
         ns = (r.request.tenant, r.request.cache_salt)
         recent = by_ns.setdefault(ns, [])
         cands: list[int] = []
@@ -162,12 +188,10 @@ def find_breakers(requests: list[TokenizedRequest], hits: list[int], block_size:
             cands.append(last_in_conv[(ns, conv)])
         if recent:
             cands.append(recent[-1])
-            window_ids = recent[-lookback:]
-            best = max(window_ids, key=lambda x: lcp(published[x], arrays[k]))
-            cands.append(best)
+            cands.append(max(recent, key=lambda x: lcp(published(x), b)))
         best_pair = None
         for a in dict.fromkeys(cands):
-            got = _pair(published[a], arrays[k], hits[k], block_size, **kw)
+            got = _pair(published(a), b, hits[k], block_size, **kw)
             if got and (best_pair is None or got[4] > best_pair[1][4]):
                 best_pair = (a, got)
         if best_pair is not None:
@@ -175,7 +199,17 @@ def find_breakers(requests: list[TokenizedRequest], hits: list[int], block_size:
             out.append(_describe(requests[a], r, d, i, j, m, cost, tokenizer))
         recent.append(k)
         if conv is not None:
+            old = last_in_conv.get((ns, conv))
             last_in_conv[(ns, conv)] = k
+            conv_lasts.add(k)
+            if old is not None:
+                conv_lasts.discard(old)
+                if old not in recent:
+                    pub.pop(old, None)
+        if len(recent) > lookback:
+            gone = recent.pop(0)
+            if gone not in conv_lasts:
+                pub.pop(gone, None)
     return out
 
 

@@ -1,7 +1,7 @@
 """``prefixcache analyze LOG...``: what a request log would hit, where it breaks the
 cache, and what it costs, with no model run.
 
-Examples::
+Examples:
 
     prefixcache analyze requests.jsonl
     prefixcache analyze --tokenizer qwen2 --block-size 64 \\
@@ -44,8 +44,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "analyze", help="replay a request log through the prefix cache; hit rates, "
         "cache breakers and cost", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logs", nargs="+", metavar="LOG", help="log files (JSONL of OpenAI "
-                   "request bodies, SWE-agent .traj, mini-swe-agent .traj.json)")
+    p.add_argument("logs", nargs="+", metavar="LOG", help="log files: JSONL of OpenAI "
+                   "request bodies, SWE-agent .traj, mini-swe-agent .traj.json, oasst1 "
+                   "trees (JSONL) or ShareGPT conversations (JSON)")
     p.add_argument("--format", choices=FORMATS, default="auto")
     p.add_argument("--tokenizer", default="approx", metavar="PATH",
                    help="tokenizer.json, a tokenizer folder, 'qwen2'/'gpt2' (shared data), "

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from prefixcache.analyze.breakpoints import BreakpointCache
 from prefixcache.analyze.pricing import Prices
 from prefixcache.analyze.records import TokenizedRequest
-from prefixcache.analyze.replay import ReplayConfig, ReplayResult, replay
+from prefixcache.analyze.replay import ReplayCache, ReplayConfig, ReplayResult
 
 
 @dataclass
@@ -126,38 +126,18 @@ def output_tokens(tr: TokenizedRequest) -> tuple[int, str]:
     return 0, "none"
 
 
-class ReplayCache:
-    """Replays shared between price sheets with the same cache settings."""
-
-    def __init__(self, requests: list[TokenizedRequest], analysis: ReplayConfig,
-                 main: ReplayResult | None = None):
-        self.requests = requests
-        self.analysis = analysis
-        self._done: dict[tuple, ReplayResult] = {}
-        if main is not None:
-            self._done[self._key(analysis)] = main
-
-    @staticmethod
-    def _key(cfg: ReplayConfig) -> tuple:
-        return (cfg.block_size, cfg.capacity_tokens, cfg.publish_responses,
-                cfg.ttl_seconds, cfg.track_page_use)
-
-    def get(self, cfg: ReplayConfig) -> ReplayResult:
-        key = self._key(cfg)
-        if key not in self._done:
-            self._done[key] = replay(self.requests, cfg)
-        return self._done[key]
-
-    def for_prices(self, p: Prices) -> ReplayResult:
-        a = self.analysis
-        if p.use_analysis_cache:
-            cfg = ReplayConfig(**{**a.__dict__, "keep_hashes": False,
-                                  "track_page_use": p.kind == "explicit"})
-        else:
-            cfg = ReplayConfig(block_size=p.unit_tokens or a.block_size,
-                               capacity_tokens=None, publish_responses=a.publish_responses,
-                               ttl_seconds=p.ttl_seconds, track_page_use=p.kind == "explicit")
-        return self.get(cfg)
+def replay_for_prices(replays: ReplayCache, p: Prices) -> ReplayResult:
+    """The replay whose hits a price mode bills: the provider's unit as block size, an
+    unlimited cache with its idle TTL; or the analysis cache (``use_analysis_cache``)."""
+    a = replays.analysis
+    if p.use_analysis_cache:
+        cfg = ReplayConfig(**{**a.__dict__, "keep_hashes": False,
+                              "track_page_use": p.kind == "explicit"})
+    else:
+        cfg = ReplayConfig(block_size=p.unit_tokens or a.block_size, capacity_tokens=None,
+                           publish_responses=a.publish_responses, ttl_seconds=p.ttl_seconds,
+                           track_page_use=p.kind == "explicit")
+    return replays.get(cfg)
 
 
 def price_log(requests: list[TokenizedRequest], p: Prices, replays: ReplayCache) -> CostResult:
@@ -175,7 +155,7 @@ def price_log(requests: list[TokenizedRequest], p: Prices, replays: ReplayCache)
             cached.append(call.read)
             writes.append(call.write)
     else:
-        rr = replays.for_prices(p)
+        rr = replay_for_prices(replays, p)
         cached = [c.cached_tokens if c.cached_tokens >= p.min_cached_tokens else 0
                   for c in rr.calls]
         writes = [0] * len(requests)

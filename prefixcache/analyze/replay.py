@@ -141,15 +141,7 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
             if hashes is not None:
                 hashes.append(ph)
             if page_use is not None:
-                t = now if now is not None else float(len(calls))
-                for i, h in enumerate(ph):
-                    u = page_use.get(h)
-                    if u is None:
-                        page_use[h] = PageUse(t, t)
-                    else:
-                        u.last = t
-                        if i < hit // bs:
-                            u.reads += 1
+                _use_pages(page_use, ph, hit // bs, now if now is not None else float(len(calls)))
         published = 0
         resp = r.response_ids
         if cfg.publish_responses and len(resp) > 1:
@@ -157,6 +149,10 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
             if mgr.allocate(pt, len(resp) - 1):
                 mgr.commit(pt, len(resp) - 1)
                 published = len(resp) - 1
+                if page_use is not None:
+                    done = mgr.page_hashes(pt, (len(prompt) + published) // bs)
+                    _use_pages(page_use, done[full:], 0,
+                               now if now is not None else float(len(calls)))
         if expiry is not None and now is not None:
             expiry.touch(pt, now)
         mgr.free(pt)
@@ -165,3 +161,51 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
                         capacity_tokens=cfg.capacity_tokens, calls=calls,
                         stats=mgr.stats(), prompt_hashes=hashes, page_use=page_use,
                         expired_pages=expiry.expired_pages if expiry else 0)
+
+
+def _use_pages(page_use: dict[bytes, PageUse], hashes: list[bytes], reads: int,
+               t: float) -> None:
+    """Record a use at ``t`` of pages by hash; the first ``reads`` were cache reads."""
+    for i, h in enumerate(hashes):
+        u = page_use.get(h)
+        if u is None:
+            page_use[h] = u = PageUse(t, t)
+        u.last = t
+        if i < reads:
+            u.reads += 1
+
+
+class ReplayCache:
+    """Replays of one log, shared by everything that needs the same settings (the
+    report, the sweeps, the price sheets). A stored replay serves any request for the
+    same block size, capacity, response publishing and TTL that needs no more
+    (``keep_hashes``, ``track_page_use``) than it kept.
+
+    Args:
+        analysis: the settings the user asked for (price modes may refer to them).
+    """
+
+    def __init__(self, requests: list[TokenizedRequest], analysis: ReplayConfig):
+        self.requests = requests
+        self.analysis = analysis
+        self._done: list[tuple[ReplayConfig, ReplayResult]] = []
+        self._timed = any(r.request.timestamp is not None for r in requests)
+
+    def _same(self, a: ReplayConfig, b: ReplayConfig) -> bool:
+        def key(c: ReplayConfig) -> tuple:  # a TTL changes nothing without timestamps
+            return (c.block_size, c.capacity_tokens, c.publish_responses,
+                    c.ttl_seconds if self._timed else None, c.model_id)
+        return key(a) == key(b)
+
+    def get(self, cfg: ReplayConfig) -> ReplayResult:
+        for done_cfg, res in self._done:
+            if self._same(done_cfg, cfg) and (done_cfg.keep_hashes or not cfg.keep_hashes) \
+                    and (done_cfg.track_page_use or not cfg.track_page_use):
+                return res
+        res = replay(self.requests, cfg)
+        self._done.append((cfg, res))
+        return res
+
+    @property
+    def replays_run(self) -> int:
+        return len(self._done)

@@ -140,7 +140,21 @@ class ApproxTokenizer:
         return ids, offs
 
     def encode(self, text: str) -> list[int]:
-        return self.encode_offsets(text)[0]
+        ids: list[int] = []
+        known, new_id, limit = self._ids, self._id, self.chunk_bytes
+        for _, seg, special in _split_specials(text, self.special_tokens):
+            if special:
+                ids.append(known.get(seg) or new_id(seg))
+                continue
+            for piece, _ in self._split.pre_tokenize_str(seg):
+                i = known.get(piece)
+                if i is not None:
+                    ids.append(i)
+                elif len(piece) <= limit // 4 or len(piece.encode("utf-8")) <= limit:
+                    ids.append(new_id(piece))
+                else:
+                    ids.extend(known.get(c) or new_id(c) for _, c in self._chunks(piece))
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self._text.get(i, "\ufffd") for i in ids)

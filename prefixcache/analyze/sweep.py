@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixcache.analyze.records import TokenizedRequest
-from prefixcache.analyze.replay import ReplayConfig, replay
+from prefixcache.analyze.replay import ReplayCache, ReplayConfig
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-CAPACITY_POINTS = 8
+CAPACITY_POINTS = 6
 
 
 @dataclass
@@ -23,16 +22,16 @@ class SweepPoint:
         return dict(self.__dict__)
 
 
-def _point(requests, cfg: ReplayConfig) -> SweepPoint:
-    res = replay(requests, cfg)
+def _point(replays: ReplayCache, cfg: ReplayConfig) -> SweepPoint:
+    res = replays.get(cfg)
     return SweepPoint(cfg.block_size, cfg.capacity_tokens, res.hit_rate, res.cached_tokens,
                       res.stats["evictions"], res.failed)
 
 
-def block_size_sweep(requests: list[TokenizedRequest], base: ReplayConfig,
+def block_size_sweep(replays: ReplayCache, base: ReplayConfig,
                      block_sizes=BLOCK_SIZES) -> list[SweepPoint]:
     """Hit rate for each block size at ``base``'s capacity (and other settings)."""
-    return [_point(requests, ReplayConfig(**{**base.__dict__, "block_size": bs,
+    return [_point(replays, ReplayConfig(**{**base.__dict__, "block_size": bs,
                                              "keep_hashes": False, "track_page_use": False}))
             for bs in block_sizes]
 
@@ -53,8 +52,8 @@ def capacity_points(footprint_tokens: int, largest_request_tokens: int, block_si
     return sorted(pts)
 
 
-def capacity_sweep(requests: list[TokenizedRequest], base: ReplayConfig,
+def capacity_sweep(replays: ReplayCache, base: ReplayConfig,
                    capacities: list[int]) -> list[SweepPoint]:
-    return [_point(requests, ReplayConfig(**{**base.__dict__, "capacity_tokens": c,
+    return [_point(replays, ReplayConfig(**{**base.__dict__, "capacity_tokens": c,
                                              "keep_hashes": False, "track_page_use": False}))
             for c in capacities]

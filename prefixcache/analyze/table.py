@@ -1,6 +1,7 @@
 """The terminal report (rich tables) of an analysis report dict."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -21,8 +22,16 @@ def num(x: float | int | None) -> str:
 
 
 def money(x: float, currency: str = "USD") -> str:
+    """Amounts with 4 decimals, or 3 significant digits below a cent."""
     sym = "$" if currency == "USD" else f"{currency} "
-    return f"{sym}{x:,.4f}" if abs(x) < 100 else f"{sym}{x:,.2f}"
+    sign = "-" if x < 0 else ""
+    x = abs(x)
+    if x == 0:
+        return f"{sym}0"
+    if x < 0.01:
+        decimals = 2 - math.floor(math.log10(x))
+        return f"{sign}{sym}{x:.{decimals}f}"
+    return f"{sign}{sym}{x:,.4f}" if x < 100 else f"{sign}{sym}{x:,.2f}"
 
 
 def _inputs(paths: list[str]) -> str:
@@ -162,9 +171,10 @@ def _costs(r: dict) -> list[Table]:
         return []
     t = Table(title="Cost: flat price vs cache-aware (read ratio r, hit share h)",
               title_justify="left")
-    for c in ("sheet", "flat", "cache-aware", "savings", "h", "r", "flat/aware (input)",
+    t.add_column("sheet", no_wrap=True)
+    for c in ("flat", "cache-aware", "savings", "h", "r", "flat/aware (input)",
               "1/(h·r+1−h)", "writes", "storage"):
-        t.add_column(c, justify="left" if c == "sheet" else "right")
+        t.add_column(c, justify="right")
     for c in costs:
         cur = c["currency"]
         t.add_row(c["label"], money(c["flat"], cur), money(c["cache_aware"], cur),
@@ -175,7 +185,7 @@ def _costs(r: dict) -> list[Table]:
     tenants = sorted({k for c in costs for k in c["per_tenant"]})
     if len(tenants) > 1:
         s = Table(title="Savings per tenant", title_justify="left")
-        s.add_column("sheet")
+        s.add_column("sheet", no_wrap=True)
         for name in tenants:
             s.add_column(name or "(none)", justify="right")
         for c in costs:
@@ -185,9 +195,10 @@ def _costs(r: dict) -> list[Table]:
     rec = [c for c in costs if c.get("recorded")]
     if rec:
         u = Table(title="Recorded usage priced by the matching sheet", title_justify="left")
-        for c in ("sheet", "calls", "prompt", "cached", "writes", "output", "hit rate",
-                  "cost", "cost in log"):
-            u.add_column(c, justify="left" if c == "sheet" else "right")
+        u.add_column("sheet", no_wrap=True)
+        for c in ("calls", "prompt", "cached", "writes", "output", "hit rate", "cost",
+                  "cost in log"):
+            u.add_column(c, justify="right")
         for c in rec:
             x = c["recorded"]
             u.add_row(c["label"], num(x["requests"]), num(x["prompt_tokens"]),

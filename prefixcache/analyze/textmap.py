@@ -45,9 +45,12 @@ def prompt_context(tokenizer, tr: TokenizedRequest, token_index: int,
     """The char offset of a token and the text around it (decoded ids when the prompt
     has no text)."""
     c = char_offset(tokenizer, tr, token_index)
-    if c is None:
+    if c is None:  # token-id prompt: decoded text, or the ids if they do not decode
         ids = tr.prompt_ids
-        before = tokenizer.decode(ids[max(0, token_index - 12):token_index])
-        after = tokenizer.decode(ids[token_index:token_index + 12])
+        head, tail = ids[max(0, token_index - 12):token_index], ids[token_index:token_index + 12]
+        before, after = tokenizer.decode(head), tokenizer.decode(tail)
+        if "\ufffd" in before + after:
+            before = " ".join(map(str, head[-6:])) + " "
+            after = " ".join(map(str, tail[:6]))
         return None, before[-width:] + "⟦" + after[:width]
     return c, around(tr.prompt_text, c, width)

@@ -53,7 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--report-only", action="store_true",
                    help="do not run; rebuild the tables, plots and RESULTS.md from OUT/runs/*.json")
     g = p.add_argument_group("how")
-    g.add_argument("--concurrency", "-c", type=int, default=4, help="requests in flight (default 4)")
+    g.add_argument("--concurrency", "-c", type=int, default=4,
+                   help="serving mode: requests in flight (default 4)")
+    g.add_argument("--offline-concurrency", type=int, default=1,
+                   help="offline mode: requests in flight (default 1: per-request latency without queueing)")
     g.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="compute threads for every peer (default: all CPUs)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -68,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", type=Path, metavar="PATH", help="write one JSON object per run (JSON Lines)")
     g.add_argument("--out", type=Path, metavar="DIR",
                    help="write runs/*.json, results.jsonl, results.md, plots/*.png and RESULTS.md here")
-    g.add_argument("--work-dir", type=Path, help="scratch (server logs, GGUF); default benchmarks/_scratch")
+    g.add_argument("--work-dir", type=Path, help="scratch space for server logs and GGUF files (default OUT/_scratch, else "
+                        "~/.cache/prefixcache/bench-scratch)")
     g = p.add_argument_group("sizes (defaults fit a 2-core CPU; raise them to scale up)")
     g.add_argument("--max-tokens", type=int, default=d.max_tokens, help="output tokens per request")
     g.add_argument("--seed", type=int, default=d.seed)
@@ -135,11 +139,12 @@ def run(args) -> int:
     bad = [p for p in args.peers if p not in PEER_NAMES]
     if bad:
         raise SystemExit(f"prefixcache bench: unknown peer {bad[0]!r}; choose from {', '.join(PEER_NAMES)}")
-    if args.concurrency < 1 or args.threads < 1:
-        raise SystemExit("prefixcache bench: --concurrency and --threads must be >= 1")
+    if min(args.concurrency, args.offline_concurrency, args.threads) < 1:
+        raise SystemExit("prefixcache bench: --concurrency, --offline-concurrency and --threads must be >= 1")
     opts = BenchOptions(
         workloads=workload_names(args.workload, args.requests), model=args.model, peers=args.peers,
         modes=["offline", "serving"] if args.mode == "all" else [args.mode], concurrency=args.concurrency,
+        offline_concurrency=args.offline_concurrency,
         threads=args.threads, dtype=args.dtype, block_size=args.block_size, kv_cache_gib=args.kv_cache_gib,
         api=args.api, time_scale=args.time_scale, workload_config=workload_config(args), out_dir=args.out,
         json_path=args.json, work_dir=args.work_dir, progress=not args.no_progress)

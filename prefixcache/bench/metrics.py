@@ -114,28 +114,29 @@ def cross_tenant_hits(results: list[RequestResult], token_ids: dict[str, list[in
 
     For request ``r`` of tenant ``t``, the most it may legitimately find cached is
     ``B(r)`` = the longest common token prefix between ``r``'s prompt and the prompt of
-    any request of tenant ``t`` sent before ``r`` (or at the same instant), rounded up to
-    a whole page of ``block_size`` tokens. A tenant's first request for a prefix nobody
-    of that tenant sent before therefore has ``B(r)`` of at most one page (the common
-    chat-template opening), and its first-ever request ``B(r) = 0``. ``r`` counts as a
-    cross-tenant hit when ``cached_tokens > B(r)``; the excess is cross-tenant tokens.
-    (Outputs of earlier requests are ignored: no workload's prompt continues another
-    tenant-mate's output.) Returns ``(hits, excess tokens)``; requests that report no
-    cached tokens are skipped.
+    any *other* request of tenant ``t`` that was sent before ``r`` produced its first token
+    (earlier, or concurrent with it: the server may have admitted that one first),
+    rounded up to a whole page of ``block_size`` tokens. So a tenant's first-ever request
+    has ``B(r) = 0``, and a tenant's first request for a prefix none of its own requests
+    carries has ``B(r)`` of at most the page holding their common opening (the chat
+    template's first tokens). ``r`` counts as a cross-tenant hit when
+    ``cached_tokens > B(r)``; the excess is cross-tenant tokens. (Outputs of earlier
+    requests are ignored: no workload's prompt continues a tenant-mate's output.) Returns
+    ``(hits, excess tokens)``; requests that report no cached tokens are skipped.
     """
-    order = sorted(results, key=lambda r: (r.send_time, r.id))
-    seen: dict[str | None, list[list[int]]] = {}
     hits = tokens = 0
-    for r in order:
+    for r in results:
+        if r.cached_tokens is None or r.error is not None:
+            continue
+        seen_by = r.first_token_time if r.first_token_time is not None else r.end_time
         ids = token_ids[r.id]
-        prev = seen.setdefault(r.tenant, [])
-        if r.cached_tokens is not None and r.error is None:
-            best = max((_lcp(ids, p) for p in prev), default=0)
-            bound = -(-best // block_size) * block_size
-            if r.cached_tokens > bound:
-                hits += 1
-                tokens += r.cached_tokens - bound
-        prev.append(ids)
+        best = max((_lcp(ids, token_ids[e.id]) for e in results
+                    if e is not r and e.tenant == r.tenant and (seen_by is None or e.send_time < seen_by)),
+                   default=0)
+        bound = -(-best // block_size) * block_size
+        if r.cached_tokens > bound:
+            hits += 1
+            tokens += r.cached_tokens - bound
     return hits, tokens
 
 
@@ -233,8 +234,13 @@ class RunInfo:
 
 def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, peak_rss: int | None,
               prefill_tokens_computed: int | None = None, token_ids: dict[str, list[int]] | None = None,
-              reference_hit_rate: float | None = None, cache_stats: dict | None = None) -> dict:
-    """One JSON-ready object per run (the keys are documented in :mod:`prefixcache.bench.report`)."""
+              reference_hit_rate: float | None = None, cache_stats: dict | None = None,
+              cached_tokens_total: int | None = None) -> dict:
+    """One JSON-ready object per run (the keys are documented in :mod:`prefixcache.bench.report`).
+
+    ``cached_tokens_total``: for a peer that reports no per-request cached tokens but
+    whose total prefix reuse is known (llama.cpp's log); it sets ``cached_tokens`` and
+    ``hit_rate`` for the run, with ``cached_tokens_source = "server log"``."""
     ok = [r for r in results if r.error is None]
     prompt = sum(r.prompt_tokens for r in ok)
     reports_cached = any(r.cached_tokens is not None for r in ok)
@@ -244,10 +250,15 @@ def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, pea
         prefill_tokens_computed = prompt - cached
     cold = [r for r in ok if r.warm_expected is False]
     warm = [r for r in ok if r.warm_expected]
+    run_hit_rate = hit_rate(ok)
+    source = "per request" if reports_cached else None
+    if not reports_cached and cached_tokens_total is not None:
+        cached, source = cached_tokens_total, "server log"
+        run_hit_rate = cached / prompt if prompt else None
     d = asdict(info)
     d.update(
         requests=len(results), errors=len(results) - len(ok), prompt_tokens=prompt, cached_tokens=cached,
-        hit_rate=hit_rate(ok), prefill_tokens_computed=prefill_tokens_computed,
+        cached_tokens_source=source, hit_rate=run_hit_rate, prefill_tokens_computed=prefill_tokens_computed,
         prefill_computed_fraction=(prefill_tokens_computed / prompt
                                    if prefill_tokens_computed is not None and prompt else None),
         output_tokens=out_tok,
@@ -270,7 +281,10 @@ def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, pea
         else:
             d["cross_tenant_hits"] = d["cross_tenant_tokens"] = None
     if reference_hit_rate is not None:
+        with_ref = [r for r in ok if r.reference_prompt_tokens]
         d["reference_hit_rate"] = reference_hit_rate
+        d["reference_calls"] = len(with_ref)
+        d["hit_rate_on_reference_calls"] = hit_rate(with_ref)
         d["reference"] = "DeepSeek production usage.prompt_tokens_details.cached_tokens over the same calls"
     if cache_stats:
         d["cache_stats"] = cache_stats

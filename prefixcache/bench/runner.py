@@ -30,7 +30,8 @@ class BenchOptions:
     model: str = DEFAULT_MODEL
     peers: list[str] = field(default_factory=lambda: list(PEER_NAMES))
     modes: list[str] = field(default_factory=lambda: ["offline", "serving"])
-    concurrency: int = 4
+    concurrency: int = 4  # serving mode
+    offline_concurrency: int = 1  # offline mode: per-request latency without queueing
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     dtype: str = "float32"
     block_size: int = 16
@@ -104,16 +105,17 @@ def make_renderer(model: str, model_dir: Path | None):
 
 
 def build_all(names: list[str], cfg: wl.WorkloadConfig, renderer) -> tuple[dict, dict]:
+    """Build and render each workload (a request is rendered once: measuring it for the
+    session length limit and sending it use the same prompt)."""
     built, rendered = {}, {}
-    cache: dict[int, Prompt] = {}
-
-    def render(req):
-        key = id(req)
-        if key not in cache:
-            cache[key] = renderer.render(req)
-        return cache[key]
-
     for name in names:
+        cache: dict[str, Prompt] = {}
+
+        def render(req, cache=cache):
+            if req.id not in cache:
+                cache[req.id] = renderer.render(req)
+            return cache[req.id]
+
         reqs = wl.build_workload(name, cfg, measure=lambda r: len(render(r).token_ids))
         if not reqs:
             raise ValueError(f"workload {name} has no requests at these sizes")
@@ -124,6 +126,7 @@ def build_all(names: list[str], cfg: wl.WorkloadConfig, renderer) -> tuple[dict,
 
 
 def concurrency_for(workload: str, reqs: list[wl.BenchRequest], concurrency: int) -> int:
+    """cold-burst sends everything at once; other workloads run at ``concurrency``."""
     return len(reqs) if workload == "cold-burst" else concurrency
 
 
@@ -138,7 +141,8 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
     max_model_len = -(-(longest + 64) // 1024) * 1024
     tenants = sorted({r.tenant for reqs in built.values() for r in reqs if r.tenant})
     eos = getattr(getattr(renderer, "tokenizer", None), "eos_token_id", None)
-    work_dir = opts.work_dir or (Path(__file__).resolve().parents[2] / "benchmarks" / "_scratch")
+    work_dir = opts.work_dir or ((opts.out_dir / "_scratch") if opts.out_dir
+                                 else Path.home() / ".cache" / "prefixcache" / "bench-scratch")
     ctx = PeerContext(model=model, model_dir=model_dir, dtype=opts.dtype, threads=opts.threads,
                       block_size=opts.block_size, max_model_len=max_model_len, kv_cache_gib=opts.kv_cache_gib,
                       api=opts.api, work_dir=work_dir, tenants=tuple(tenants), eos_token_id=eos)
@@ -148,52 +152,66 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         log(f"  {name}: {len(reqs)} requests, {len({r.session for r in reqs})} sessions, {n_prompt} prompt tokens")
     summaries, skipped = [], []
     jsonl = _open_jsonl(opts)
-    done_offline_only: set[str] = set()
-    for mode in opts.modes:
-        for name in opts.peers:
-            try:
-                peer = make_peer(name, mode)
-            except PeerUnavailable as exc:
-                skipped.append(Skip(name, mode, str(exc)))
-                log(f"skip {name} ({mode}): {exc}")
-                continue
-            if peer.mode != mode:  # transformers: offline only, run once
-                if name in done_offline_only:
-                    continue
-                done_offline_only.add(name)
-            try:
-                peer.check(ctx)
-                log(f"starting {peer.label} ...")
-                t = time.perf_counter()
-                peer.start(ctx)
-                log(f"  {peer.label} ready in {time.perf_counter() - t:.1f} s")
-            except PeerUnavailable as exc:
-                skipped.append(Skip(name, peer.mode, str(exc)))
-                log(f"skip {peer.label}: {exc}")
-                peer.stop()
-                continue
-            try:
-                for wname, reqs in built.items():
-                    conc = concurrency_for(wname, reqs, opts.concurrency)
-                    summary = run_one(peer, ctx, wname, reqs, rendered[wname], conc, opts, machine)
-                    summaries.append(summary)
-                    if jsonl:
-                        jsonl.write(json.dumps(_without_requests(summary)) + "\n")
-                        jsonl.flush()
-                    _save_run(opts, summary)
-                    log(_one_line(summary))
-            except PeerUnavailable as exc:
-                skipped.append(Skip(name, peer.mode, str(exc)))
-                log(f"skip {peer.label}: {exc}")
-            finally:
-                peer.stop()
+    for name, mode in plan_runs(opts.peers, opts.modes, skipped, log):
+        peer = make_peer(name, mode)
+        try:
+            peer.check(ctx)
+            log(f"starting {peer.label} ...")
+            t = time.perf_counter()
+            peer.start(ctx)
+            log(f"  {peer.label} ready in {time.perf_counter() - t:.1f} s")
+        except PeerUnavailable as exc:
+            skipped.append(Skip(name, peer.mode, str(exc)))
+            log(f"skip {peer.label}: {exc}")
+            peer.stop()
+            continue
+        try:
+            for wname, reqs in built.items():
+                conc = concurrency_for(wname, reqs, opts.concurrency if peer.mode == "serving"
+                                       else opts.offline_concurrency)
+                summary = run_one(peer, ctx, wname, reqs, rendered[wname], conc, opts, machine)
+                summaries.append(summary)
+                if jsonl:
+                    jsonl.write(json.dumps(_without_requests(summary)) + "\n")
+                    jsonl.flush()
+                _save_run(opts, summary)
+                log(_one_line(summary))
+        except PeerUnavailable as exc:
+            skipped.append(Skip(name, peer.mode, str(exc)))
+            log(f"skip {peer.label}: {exc}")
+        finally:
+            peer.stop()
     if jsonl:
         jsonl.close()
     context = {"model": model, "model_dir": str(model_dir) if model_dir else None, "dtype": opts.dtype,
-               "threads": opts.threads, "concurrency": opts.concurrency, "block_size": opts.block_size,
+               "threads": opts.threads, "concurrency": opts.concurrency,
+               "offline_concurrency": opts.offline_concurrency, "block_size": opts.block_size,
                "max_model_len": max_model_len, "machine": machine, "api": opts.api,
                "workload_config": {k: v for k, v in vars(cfg).items()}}
     return BenchResult(summaries, skipped, built, rendered, context)
+
+
+def plan_runs(peers: list[str], modes: list[str], skipped: list[Skip], log) -> list[tuple[str, str]]:
+    """``(peer, mode)`` pairs to run: every selected mode the peer supports, modes in
+    order. transformers has no server, so it runs (once, offline) whatever the mode. A
+    peer with no mode left is skipped with the reason."""
+    from prefixcache.bench.peers import PEER_MODES
+
+    plan = []
+    for mode in modes:
+        for name in peers:
+            if name == "transformers":
+                if ("transformers", "offline") not in plan:
+                    plan.append(("transformers", "offline"))
+            elif mode in PEER_MODES[name]:
+                plan.append((name, mode))
+    for name in peers:
+        if not any(p == name for p, _ in plan):
+            reason = (f"{name}: runs in {'/'.join(PEER_MODES[name])} mode only, not in "
+                      f"{'/'.join(modes)} mode")
+            skipped.append(Skip(name, "/".join(modes), reason))
+            log(f"skip {name}: {reason}")
+    return plan
 
 
 def run_one(peer, ctx: PeerContext, workload: str, reqs, prompts, concurrency: int, opts: BenchOptions,
@@ -204,6 +222,7 @@ def run_one(peer, ctx: PeerContext, workload: str, reqs, prompts, concurrency: i
 
         bar = tqdm(total=len(reqs), desc=f"{workload} | {peer.label}", unit="req", leave=False)
     salt = f"{workload}-{uuid.uuid4().hex[:12]}"
+    load_before = os.getloadavg()[0]
     try:
         run = peer.run(workload, reqs, prompts, concurrency=concurrency, salt=salt,
                        progress=(lambda r: bar.update(1)) if bar else None, time_scale=opts.time_scale)
@@ -215,9 +234,14 @@ def run_one(peer, ctx: PeerContext, workload: str, reqs, prompts, concurrency: i
                    block_size=ctx.block_size, peer_detail=peer.detail())
     token_ids = {r.id: prompts[r.id].token_ids for r in reqs}
     ref = wl.reference_hit_rate(reqs) if workload == "agent" else None
-    return summarize(info, run.results, wall_s=run.wall_s, peak_rss=run.peak_rss,
-                     prefill_tokens_computed=run.prefill_tokens_computed, token_ids=token_ids,
-                     reference_hit_rate=ref, cache_stats=run.cache_stats)
+    summary = summarize(info, run.results, wall_s=run.wall_s, peak_rss=run.peak_rss,
+                        prefill_tokens_computed=run.prefill_tokens_computed, token_ids=token_ids,
+                        reference_hit_rate=ref, cache_stats=run.cache_stats,
+                        cached_tokens_total=run.cached_tokens_total)
+    # the machine's 1-minute load average before and after: other work on the machine
+    # slows every peer, and this shows whether it did
+    summary["load_average_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    return summary
 
 
 def _open_jsonl(opts: BenchOptions):

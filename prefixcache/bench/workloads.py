@@ -94,8 +94,8 @@ class WorkloadConfig:
     # agent
     agent_sources: tuple[str, ...] = ("mini-swe-agent/deepseek", "mini-swe-agent", "swe-agent")
     agent_max_calls: int | None = None
-    # every session-shaped workload stops a session at its first request longer than this
-    max_prompt_tokens: int = 4096
+    # multi-turn and agent stop a session before its first request longer than this
+    max_prompt_tokens: int = 8192
     # cold-burst
     burst_size: int = 8
     # multi-tenant

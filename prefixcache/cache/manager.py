@@ -163,7 +163,7 @@ class KVCacheManager:
                 self._page_extra(pt, i))
 
     # -- hits and following ---------------------------------------------------------------
-    def _match(self, pt: PageTable) -> list[int]:
+    def match_pages(self, pt: PageTable) -> list[int]:
         """Published pages that continue the table, longest run first to last (no side
         effects). Empty unless the table ends on a page boundary of finalized pages."""
         bs = self.block_size
@@ -178,10 +178,12 @@ class KVCacheManager:
         raw = tokens_to_bytes(pt.token_ids[i * bs:limit * bs])
         step = 4 * bs
         lookup, entry_id = self.index.lookup, self.index.entry_id
+        extra = None if pt.mm_hashes else pt.page_extra  # the same for every page
         pages: list[int] = []
         for j in range(limit - i):
             page = lookup(hashes[i + j], (parent, raw[j * step:(j + 1) * step],
-                                          self._page_extra(pt, i + j)))
+                                          extra if extra is not None
+                                          else self._page_extra(pt, i + j)))
             if page is None:
                 break
             pages.append(page)
@@ -190,7 +192,7 @@ class KVCacheManager:
 
     def peek_hits(self, pt: PageTable) -> int:
         """Tokens :meth:`take_hits` would take now (no side effects)."""
-        return len(self._match(pt)) * self.block_size
+        return len(self.match_pages(pt)) * self.block_size
 
     def take_hits(self, pt: PageTable) -> int:
         """Extend the table with the longest run of published pages that continue it.
@@ -205,7 +207,7 @@ class KVCacheManager:
         """
         first = not pt.admitted
         pt.admitted = True
-        pages = self._match(pt)
+        pages = self.match_pages(pt)
         if not pages:
             return 0
         for page in pages:

@@ -68,12 +68,9 @@ class LLMEngine:
         num_pages = config.num_pages or max(2, config.kv_cache_bytes // (per_token * bs))
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, num_pages * bs)
+        # Sliding-window layers are masked exactly over the full KV (model/attention.py),
+        # so a cached prefix gives the same output as a cold prefill: caching stays on.
         caching = config.enable_prefix_caching
-        window = getattr(mc, "sliding_window", None)
-        if caching and window and window < self.max_model_len:
-            log.warning("model uses sliding-window attention (%d tokens): prefix caching "
-                        "is switched off, cached_tokens will be 0", window)
-            caching = False
         self.enable_prefix_caching = caching
         self.kv = KVPool(mc.num_hidden_layers, num_pages, bs, mc.num_key_value_heads,
                          mc.head_dim, config.torch_dtype, self.device)

@@ -221,7 +221,7 @@ class Scheduler:
         bs = self.cache.block_size
         hit = self.cache.peek_hits(req.page_table)
         new_pages = -(-(hit + n) // bs) - hit // bs
-        cached = sum(1 for p in self.cache._match(req.page_table)
+        cached = sum(1 for p in self.cache.match_pages(req.page_table)
                      if self.cache.pool.ref_count[p] == 0)
         return new_pages + cached
 

@@ -66,7 +66,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     this step reads them directly instead of gathering them back from the pool.
     Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads / kv_heads)``.
     """
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     same_dtype = kv.k[layer].dtype == k_new.dtype
     for p in plans:
         s = p.seq
@@ -77,6 +77,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
             v = v_new[s.q_start + p.key_start - fresh:rows.stop]
         else:
             k, v = kv.gather_range(layer, s.page_table, p.key_start, s.ctx_len)
+            k, v = k.to(q.dtype), v.to(q.dtype)  # no-ops unless the pool has another dtype
         o = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),     # [1, heads, q_len, d]
             k.transpose(0, 1).unsqueeze(0),           # [1, kv_heads, keys, d]

@@ -14,21 +14,23 @@ its position alone:
 * Attention of a tile: its ``block_size`` queries against keys ``[key_lo, page_end)``
   (``page_end = (page_index + 1) * block_size``; ``key_lo`` is 0, or page-aligned under a
   sliding window), with a per-row mask: a row at position ``p`` sees keys ``<= p`` (and
-  ``> p - window``). Padding rows past the context see all written keys (no row is
-  ever fully masked). Keys at positions
-  ``>= ctx_len`` are stale page contents: they are masked and also zeroed in the gathered
-  copy, so garbage can never turn into NaN.
+  ``> p - window``). Padding rows past the context see all written keys, so no row is
+  ever fully masked. Keys at positions ``>= ctx_len`` are stale page contents: masked,
+  and also zeroed in the gathered copy, so stale garbage (even NaN) never matters.
 * Per layer, every tile first writes its K/V, then every tile attends; tiles of a sequence
   are in page order, so page ``k`` of layer ``l`` is written before page ``k + 1`` reads it.
-* The final norm and ``lm_head`` run on each requested row alone (a ``[1, hidden]``
-  matmul: also a fixed shape, at 1/``block_size`` of the cost of a whole tile).
+* The final norm and ``lm_head`` run on each requested row alone, copied to a fresh
+  ``[1, hidden]`` tensor: also a fixed shape (and alignment), at 1/``block_size`` of the
+  cost of running the whole tile through ``lm_head``.
 * RoPE tables are built in fixed-size blocks (see :mod:`prefixcache.model.rope`).
 
-Cost: about ``block_size`` times the matmul work of a decode token (each decode token
-costs a whole tile), and one small kernel per tile and layer instead of one per step, so
-Python overhead grows with the number of tiles. The default mode is untouched. The bits
-depend on the device, dtype, torch build and thread count: runs agree on one machine
-configuration, not across machines.
+Cost: a decode token pays the matmuls of a whole tile (``block_size`` rows), and every
+tile runs its own small kernels (about 40 per layer), so overhead grows with the number
+of tiles. Measured on 2 CPU threads (56M Llama, float32; ``scripts/model_forward_perf.py``):
+2.9x the default mode's time for a cold 2,048-token prefill, 1.7x for 64 tokens over
+1,984 cached, 1.9x per decode token. The default mode is untouched. The bits depend on
+the device, dtype, torch build and thread count: runs agree on one machine configuration,
+not across machines.
 """
 from __future__ import annotations
 
@@ -108,6 +110,7 @@ def _tile_attention(q: torch.Tensor, kv: KVPool, layer: int, tile: Tile, key_lo:
     if stale < k.shape[0]:
         k[stale:] = 0
         v[stale:] = 0
+    k, v = k.to(q.dtype), v.to(q.dtype)  # no-ops unless the pool has another dtype
     o = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
         v.transpose(0, 1).unsqueeze(0), attn_mask=mask, enable_gqa=True)
@@ -146,7 +149,7 @@ def forward_deterministic(model: "PagedLlama", batch: ForwardBatch, kv: KVPool
             x[j] = layer.finish(x[j], _tile_attention(queries[j], kv, i, t, key_lo, mask))
 
     flat = x.view(-1, cfg.hidden_size)
-    rows = [model.logits(flat[tile_slot[r]:tile_slot[r] + 1])
+    rows = [model.logits(flat[tile_slot[r]:tile_slot[r] + 1].clone())
             for r in batch.logits_indices.tolist()]
     if not rows:
         return torch.empty(0, cfg.vocab_size, device=dev)

@@ -11,6 +11,12 @@ Two arithmetic modes (``ForwardBatch.deterministic``):
   each sequence's queries through one ``scaled_dot_product_attention``. Fastest; a token's
   values may differ at the floating-point level with the batch composition or chunking.
 * deterministic: batch-invariant tiles, see :mod:`prefixcache.model.deterministic`.
+  Measured on 2 CPU threads (56M Llama, float32): 2.9x the default time for a cold
+  2,048-token prefill, 1.7x for 64 tokens over 1,984 cached, 1.9x per decode token.
+
+Limits: each sequence's context KV is gathered (copied) from its pages once per layer,
+and sequences attend one after another (no batched decode kernel). Sliding windows are
+applied by masking: all KV is kept, so outputs stay exact with prefix caching.
 """
 from __future__ import annotations
 

@@ -187,7 +187,8 @@ class AsyncEngine:
         consecutive_failures = 0
         while True:
             with self._cond:
-                while not self._cmds and not self._stop and not self.engine.has_unfinished_requests():
+                while (not self._cmds and not self._stop
+                       and not self.engine.has_unfinished_requests()):
                     self._cond.wait()
                 if self._stop:
                     break

@@ -118,7 +118,8 @@ def validate_keys(keys: Mapping) -> dict[str, dict]:
         if not isinstance(key, str) or not key.strip() or key != key.strip() or " " in key:
             raise KeyFileError(f"{where}keys must be non-empty strings without spaces")
         if not isinstance(entry, Mapping):
-            raise KeyFileError(f"{where}value must be an object {{\"tenant\": ..., \"admin\": ...}}")
+            raise KeyFileError(f"{where}value must be an object "
+                               '{"tenant": ..., "admin": ...}')
         unknown = set(entry) - {"tenant", "admin"}
         if unknown:
             raise KeyFileError(f"{where}unknown fields {sorted(unknown)}")

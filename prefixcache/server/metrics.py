@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Histogram, disable_created_metrics,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from prefixcache.outputs import RequestOutput
@@ -93,6 +94,7 @@ class ServerMetrics:
     """
 
     def __init__(self, tenants: list[str] | None = None):
+        disable_created_metrics()  # no *_created series (process-wide, as vLLM does)
         self.registry = CollectorRegistry(auto_describe=False)
         self.tenant_label = tenants is not None
         t = ("tenant",) if self.tenant_label else ()

@@ -28,6 +28,7 @@ import logging
 import math
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
@@ -89,6 +90,12 @@ class OpenAIServing:
         self.tokenizer = tokenizer
         self.model_names = list(model_names)
         self.validate = validate
+        # Tokenization and chat templates run off the event loop, one at a time (Hugging
+        # Face fast tokenizers must not be entered by two threads at once).
+        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="prefixcache-tokenize")
+
+    async def _off_loop(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn)
 
     # -- entry points ------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, principal: Principal,
@@ -144,7 +151,7 @@ class OpenAIServing:
             return [(self.tokenizer.encode(x, add_special_tokens=add_special), x)
                     if isinstance(x, str) else (list(x), None) for x in raw]
 
-        prompts = await asyncio.to_thread(encode)
+        prompts = await self._off_loop(encode)
         for ids, _ in prompts:
             self._validate(ids, params, {})
         if req.echo and self.tokenizer is not None:
@@ -169,7 +176,7 @@ class OpenAIServing:
             return self.tokenizer.apply_chat_template(messages, tools=req.tools,
                                                       add_generation_prompt=add_gen)
         try:
-            ids = await asyncio.to_thread(render)
+            ids = await self._off_loop(render)
         except ValueError as exc:
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
         self._validate(ids, params, rename)
@@ -224,7 +231,8 @@ class OpenAIServing:
             raise _param_error(exc, rename or {}) from None
 
     # -- running -----------------------------------------------------------------------
-    async def _submit(self, prep: Prepared, principal: Principal) -> tuple[asyncio.Queue, list[RequestSpec]]:
+    async def _submit(self, prep: Prepared, principal: Principal
+                      ) -> tuple[asyncio.Queue, list[RequestSpec]]:
         n = len(prep.prompts)
         specs = [RequestSpec(request_id=prep.request_id if n == 1 else f"{prep.request_id}-{i}",
                              prompt_token_ids=ids, params=prep.params, prompt=text,
@@ -295,7 +303,8 @@ class OpenAIServing:
         return JSONResponse(self._body(prep, finals))
 
     @staticmethod
-    async def _collect(updates: AsyncIterator[dict[int, RequestOutput]]) -> dict[int, RequestOutput]:
+    async def _collect(updates: AsyncIterator[dict[int, RequestOutput]]
+                       ) -> dict[int, RequestOutput]:
         finals: dict[int, RequestOutput] = {}
         async with aclosing(updates) as it:
             async for latest in it:
@@ -314,7 +323,7 @@ class OpenAIServing:
             if prep.kind == "chat":
                 choices.append({
                     "index": idx,
-                    "message": {"role": "assistant", "content": comp.text, "tool_calls": []},
+                    "message": {"role": "assistant", "content": comp.text},
                     "logprobs": (self._chat_logprobs(comp.token_ids, comp.logprobs, prep.logprobs)
                                  if prep.logprobs is not None else None),
                     "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason})
@@ -352,7 +361,8 @@ class OpenAIServing:
                         first = idx not in sent_tokens
                         n0, t0 = sent_tokens.get(idx, 0), sent_text.get(idx, 0)
                         text = comp.text
-                        visible = text if out.finished or hold == 0 else text[:max(t0, len(text) - hold)]
+                        visible = (text if out.finished or hold == 0
+                                   else text[:max(t0, len(text) - hold)])
                         delta = visible[t0:] if len(visible) > t0 else ""
                         new_ids = comp.token_ids[n0:]
                         if not new_ids and not delta and not out.finished:
@@ -371,7 +381,8 @@ class OpenAIServing:
                                   else self._completion_logprobs(new_ids, new_lps, t0))
                         finish = comp.finish_reason if out.finished else None
                         if chat:
-                            choice = {"index": idx, "delta": {"content": delta} if delta or not finish else {},
+                            choice = {"index": idx,
+                                      "delta": {"content": delta} if delta or not finish else {},
                                       "logprobs": lp, "finish_reason": finish}
                         else:
                             if first and prep.echo:
@@ -421,7 +432,8 @@ class OpenAIServing:
         content = []
         for tid, d in zip(token_ids, lps or []):
             s = self._token_text(tid, d.get(tid))
-            ranked = sorted(d.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+            ranked = sorted(d.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None
+                            else 1 << 30)
             alts = [{"token": self._token_text(t, v), "logprob": _finite(v.logprob),
                      "bytes": list(self._token_text(t, v).encode("utf-8"))}
                     for t, v in ranked if v.rank is not None and v.rank <= (top or 0)]

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from prefixcache.analyze.cost import ReplayCache, price_log
+from prefixcache.analyze.cost import price_log
 from prefixcache.analyze.pricing import (PriceSheetError, builtin_sheet_names, load_sheet,
                                          parse_price_specs, resolve, validate_sheet)
-from prefixcache.analyze.replay import ReplayConfig
+from prefixcache.analyze.replay import ReplayCache, ReplayConfig
 from prefixcache.analyze.usage import Usage
-from tests.analyze.conftest import tokreq
+from analyze_helpers import tokreq
 
 R = list(range(1, 40))
 
@@ -90,6 +90,11 @@ def test_explicit_storage_token_hours():
     assert c.cache_aware == 12 + 8 + 12 * 0.25 + 18.0
     a.request.timestamp = b.request.timestamp = None  # no times: one TTL per page
     assert price([a, b], sh).storage_token_hours == 3 * 4 * 1.0
+    # pages published from a's response and read by b are stored too
+    a = tokreq("a", R[:8], response=R[8:17], ts=0.0)  # 8 + 9 - 1 = 16 tokens: 4 pages
+    b.request.timestamp = 1800.0
+    c = price([a, b], sh)
+    assert c.per_call_cached == [0, 16] and c.storage_token_hours == 4 * 4 * 1.5
 
 
 def test_self_hosted_prices_from_throughput_and_analysis_cache():

@@ -4,7 +4,7 @@ import pytest
 
 from prefixcache.analyze.logs import LogFormatError, detect_format, load_log, load_logs
 from prefixcache.analyze.logs.messages import parse_timestamp, parse_tool_calls
-from tests.conftest import shared_data
+from helpers.data import shared_data
 
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "S"},
                                   {"role": "user", "content": "hi"}]}
@@ -133,3 +133,27 @@ def test_swe_agent_step_messages_and_history():
     py = load_log(root / "gpt4_pydicom__pydicom-1458.traj")
     assert len(py) == 12
     assert [m["role"] for m in py[0].messages] == ["system", "user", "user"]
+
+
+def test_oasst1_trees_one_call_per_assistant_message():
+    path = shared_data("oasst1_trees") / "en_100_tree.jsonl"
+    reqs = load_log(path)
+    assert len(reqs) == 687  # the trees' assistant messages
+    first = [r for r in reqs if r.conversation == reqs[0].conversation]
+    # sibling replies to the root prompt are calls with the same one-message prompt
+    roots = [r for r in first if len(r.messages) == 1]
+    assert len(roots) >= 2 and all(r.messages == roots[0].messages for r in roots)
+    assert all(r.turn == sum(m["role"] == "assistant" for m in r.messages) for r in reqs)
+
+
+def test_sharegpt_tool_calls_and_tools():
+    path = shared_data("glaive_toolcall") / "glaive_toolcall_en_demo.json"
+    reqs = load_log(path)
+    assert len(reqs) == 746 + 211  # gpt and function_call turns
+    r = reqs[1]  # human, gpt, human, function_call: the second call
+    assert r.response["tool_calls"][0]["function"] == {
+        "name": "search_recipes",
+        "arguments": '{"ingredients": ["chicken", "bell peppers", "rice"]}'}
+    assert r.tools[0]["function"]["name"] == "search_recipes"
+    assert [m["role"] for m in reqs[2].messages][-2:] == ["assistant", "tool"]
+    assert reqs[2].messages[-2] == r.response

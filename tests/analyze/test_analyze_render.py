@@ -6,7 +6,7 @@ from prefixcache.analyze.encode import encode_requests
 from prefixcache.analyze.records import Request
 from prefixcache.analyze.render import builtin_response, builtin_segments
 from prefixcache.analyze.tokenizer import load_tokenizer
-from tests.conftest import shared_data
+from helpers.data import shared_data
 
 TOOL = {"type": "function", "function": {"name": "bash", "parameters": {}}}
 CALL = {"id": "c", "type": "function",
@@ -68,7 +68,8 @@ def gpt2_dir_with_template(tmp_path):
     (d / "tokenizer.json").symlink_to(src)
     tpl = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
            "{% for tc in m.get('tool_calls') or [] %}<call {{ tc['function']['name'] }}>"
-           "{% endfor %}{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+           "{% endfor %}{{ '\\n' }}{% endfor %}"
+           "{% if add_generation_prompt %}[assistant]{% endif %}")
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": tpl}))
     return d
 

@@ -2,7 +2,7 @@
 import pytest
 
 from prefixcache.analyze.replay import pages_for_all, replay
-from tests.analyze.conftest import tokreq
+from analyze_helpers import tokreq
 
 R = list(range(1, 30))
 

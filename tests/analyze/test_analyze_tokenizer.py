@@ -4,7 +4,7 @@ from prefixcache.analyze.encode import encode_requests
 from prefixcache.analyze.logs import load_log
 from prefixcache.analyze.textmap import char_offset
 from prefixcache.analyze.tokenizer import TokenizerError, load_tokenizer
-from tests.conftest import shared_data
+from helpers.data import shared_data
 
 FOX = "Hello world, the quick brown fox."
 
@@ -41,7 +41,7 @@ def test_unknown_tokenizer():
 def test_segment_cache_matches_whole_prompt_tokenization(spec):
     """Per-message tokenization reused across calls equals tokenizing each whole
     prompt, on a real agent trajectory."""
-    tok = load_tokenizer(spec)
+    tok = load_tokenizer(str(shared_data("tokenizers") / spec))
     reqs = load_log(shared_data("agent_trajectories") / "mini-swe-agent/tests/"
                     "github_issue.traj.json")
     trs, info = encode_requests(reqs, tok, template="builtin")
@@ -51,7 +51,7 @@ def test_segment_cache_matches_whole_prompt_tokenization(spec):
 
 
 def test_char_offsets_of_tokens():
-    tok = load_tokenizer("qwen2")
+    tok = load_tokenizer(str(shared_data("tokenizers") / "qwen2"))
     reqs = load_log(shared_data("agent_trajectories") / "mini-swe-agent/tests/"
                     "local.traj.json")
     for template in ("builtin", "auto"):  # segmented, and qwen2's own template

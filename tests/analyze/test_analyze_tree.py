@@ -1,6 +1,6 @@
 from prefixcache.analyze.replay import replay
 from prefixcache.analyze.tree import summarize_tree
-from tests.analyze.conftest import tokreq
+from analyze_helpers import tokreq
 
 R = list(range(1, 30))
 

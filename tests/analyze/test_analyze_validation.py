@@ -11,7 +11,7 @@ from prefixcache.analyze.pricing import parse_price_specs
 from prefixcache.analyze.replay import replay
 from prefixcache.analyze.tokenizer import load_tokenizer
 from prefixcache.analyze.validate import compare_recorded
-from tests.conftest import shared_data
+from helpers.data import shared_data
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,8 @@ def test_recorded_usage_priced_by_the_deepseek_sheet_is_the_logged_cost(deepseek
     rec = recorded_cost(deepseek_runs, p)
     assert rec["requests"] == 153
     assert rec["cost"] == pytest.approx(rec["logged_cost"], rel=1e-9)
-    first = recorded_cost(deepseek_runs[:1], p)  # 320 hit, 1,675 miss, 93 out
+    (django0,) = [t for t in deepseek_runs if t.request_id == "django__django-14752#0"]
+    first = recorded_cost([django0], p)  # 320 hit, 1,675 miss, 93 out
     assert first["cost"] == pytest.approx((320 * 0.028 + 1675 * 0.28 + 93 * 0.42) / 1e6,
                                           rel=1e-12)
+    assert first["cost"] == pytest.approx(django0.request.extra["recorded_cost"], rel=1e-12)

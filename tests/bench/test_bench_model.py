@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import shared_data
+from helpers.data import shared_data
 from prefixcache.bench.bench_model import CHAT_TEMPLATE, BenchModelSpec, count_parameters, ensure_bench_model
 from prefixcache.bench.prompts import HFRenderer, label_warm_by_overlap
 from prefixcache.bench.workloads import BenchRequest, conversation_requests

@@ -6,6 +6,7 @@ import pytest
 from cache_helpers import admit, cached_tokens, find_colliding_page, prefill, serve, weak_hash
 
 from prefixcache.cache import KVCacheManager, PageState
+from prefixcache.cache.hashing import tokens_to_bytes
 from prefixcache.cache.invariants import check_invariants
 
 BS = 16
@@ -155,6 +156,35 @@ def test_weak_hash_collision_on_parent_page_does_not_reach_old_child():
     assert c.num_cached_tokens == 32 and c.pages[:2] == b_pages
     assert cached_tokens(mgr, "a2", a_prompt) == 0
     mgr.free(c)
+    check_invariants(mgr)
+
+
+def test_weak_hash_collision_replaced_parent_leaves_old_child_unreachable():
+    """b0 collides with a0 and replaces it while a's child page stays indexed under the
+    same hash that b0 + s1 produces. A request b0 + s1 must not reach that child: its KV
+    was computed after a0. (A lookup verifying only tokens and extra keys would serve
+    it; the parent ref is the exact parent entry.)"""
+    mgr = KVCacheManager(32, BS, hash_fn=weak_hash)
+    a0 = toks(BS, 100)
+    b0 = find_colliding_page(mgr, a0)
+    s1 = toks(BS, 500)
+    a = serve(mgr, "a", a0 + s1 + [7])
+    a_child = mgr.index.get(a.hashes[1])
+    b = serve(mgr, "b", b0 + [7])                  # replaces a0 (cached-free, collision)
+    assert mgr.index.page_key[mgr.index.get(b.hashes[0])][1] == tokens_to_bytes(b0)
+    assert mgr.index.get(a.hashes[1]) == a_child   # the old child is still indexed
+    c = admit(mgr, "c", b0 + s1 + [7])
+    assert c.hashes[1] == a.hashes[1]
+    assert c.num_cached_tokens == 16 and a_child not in c.pages
+    prefill(mgr, c)
+    # c's own page 1 supersedes the unreachable child; later requests hit c's pages.
+    assert mgr.index.get(c.hashes[1]) == c.pages[1]
+    c_pages = c.pages[:2]
+    mgr.free(c)
+    d = serve(mgr, "d", b0 + s1 + [7], keep=True)
+    assert d.num_cached_tokens == 32 and d.pages[:2] == c_pages
+    mgr.free(d)
+    assert cached_tokens(mgr, "a2", a0 + s1 + [7]) == 0
     check_invariants(mgr)
 
 

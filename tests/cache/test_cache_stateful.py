@@ -504,7 +504,7 @@ class CacheMachine(RuleBasedStateMachine):
 
 CacheMachine.TestCase.settings = settings(
     max_examples=int(os.environ.get("PREFIXCACHE_STATEFUL_EXAMPLES", "120")),
-    stateful_step_count=50,
+    stateful_step_count=80,
     deadline=None,
     derandomize=os.environ.get("CI", "").lower() == "true",
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

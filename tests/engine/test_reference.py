@@ -99,3 +99,30 @@ def test_caching_off_never_hits(llama):
     outs = [llm.generate([{"prompt_token_ids": prompt}], GREEDY)[0] for _ in range(2)]
     assert [o.num_cached_tokens for o in outs] == [0, 0]
     assert llm.stats()["prefill_tokens_computed"] == 128
+
+
+def test_sliding_window_model_caches_exactly(tmp_path):
+    """Mistral with an 8-token window: the model masks the window exactly, so prefix
+    caching stays on and a warm run equals transformers."""
+    import torch
+    import transformers
+
+    from tests.engine.conftest import BASE, HFModel
+
+    torch.manual_seed(5)
+    cfg = transformers.MistralConfig(**dict(BASE, sliding_window=8, tie_word_embeddings=False))
+    model = transformers.MistralForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    model.save_pretrained(tmp_path / "swa")
+    ref = HFModel(str(tmp_path / "swa"), model)
+    prompt = prompt_ids(60, seed=10)
+    toks, lps = ref.greedy(prompt, GREEDY.max_tokens)
+    llm = make_llm(ref.path)
+    assert llm.engine.enable_prefix_caching
+    llm.generate([{"prompt_token_ids": prompt}], GREEDY)
+    out = llm.generate([{"prompt_token_ids": prompt}], GREEDY)[0]
+    assert out.num_cached_tokens == 48
+    assert_matches(out, toks, lps)

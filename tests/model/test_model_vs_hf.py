@@ -111,20 +111,21 @@ def test_sharded_checkpoint_loads_identically(models, tmp_path):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_bfloat16_follows_float32(models, tmp_path, kind):
+@pytest.mark.parametrize("kind,dtype", [("llama", "bfloat16"), ("qwen2", "bfloat16"),
+                                        ("llama3_tied", "float16")])
+def test_half_precision_follows_float32(models, tmp_path, kind, dtype):
     hf, ours32 = models[kind]
     path = save_hf_model(hf, tmp_path / kind)
-    ours16 = load_model(str(path), dtype="bfloat16")
-    assert ours16.model.embed.dtype == torch.bfloat16
+    ours16 = load_model(str(path), dtype=dtype)
+    assert ours16.model.embed.dtype == getattr(torch, dtype)
     ids = prompt(40, seed=8)
     r32, r16 = PagedRunner(ours32.model, seed=1), PagedRunner(ours16.model, seed=2)
     s32, s16 = Seq(), Seq()
     l32 = r32.prefill(s32, ids, all_logits=True)
     l16 = r16.prefill(s16, ids, all_logits=True)
     assert l16.dtype == torch.float32
-    assert r16.kv.k[0].dtype == torch.bfloat16
-    # bf16 keeps ~3 significant digits; logits here are O(1)
+    assert r16.kv.k[0].dtype == getattr(torch, dtype)
+    # bf16 keeps ~3 significant digits (fp16 ~4); logits here are O(1)
     torch.testing.assert_close(l16, l32, atol=0.15, rtol=0.05)
     # decode 4 steps, both fed the float32 choice (so a near-tie cannot fork the paths)
     rows32, rows16 = [l32], [l16]
@@ -139,3 +140,17 @@ def test_bfloat16_follows_float32(models, tmp_path, kind):
     clear = (top2[:, 0] - top2[:, 1]) > 0.1
     assert clear.sum() >= 20
     assert torch.equal(l16.argmax(-1)[clear], l32.argmax(-1)[clear])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_transformers_and_stays_deterministic(models, tmp_path):
+    hf, _ = models["llama3_tied"]
+    ours = load_model(str(save_hf_model(hf, tmp_path / "m")), device="cuda")
+    assert ours.model.embed.is_cuda
+    ids = prompt(70, seed=9)
+    got = PagedRunner(ours.model, seed=1).prefill(Seq(), ids, chunk=24, all_logits=True)
+    assert got.is_cuda
+    torch.testing.assert_close(got.cpu(), hf_logits(hf, ids), atol=1e-3, rtol=0)
+    det = [PagedRunner(ours.model, seed=s, deterministic=True).prefill(
+        Seq(), ids, chunk=c, all_logits=True) for s, c in ((2, None), (3, 7))]
+    assert torch.equal(det[0], det[1])

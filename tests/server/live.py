@@ -12,7 +12,6 @@ never hit each other's cache pages.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal

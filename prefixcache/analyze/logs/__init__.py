@@ -1,22 +1,25 @@
 """Reading request logs into :class:`~prefixcache.analyze.records.Request` lists.
 
 Formats: ``openai-jsonl`` (:mod:`.openai_jsonl`), ``swe-agent`` and ``mini-swe-agent``
-(:mod:`.trajectories`). ``auto`` picks one per file: ``.jsonl`` files are OpenAI
-JSONL; a JSON object with ``trajectory`` and ``history`` is SWE-agent; a JSON list of
-messages, or an object with ``messages`` and ``info``/``trajectory_format``, is
-mini-swe-agent; a JSON object or list of request bodies is OpenAI.
+(:mod:`.trajectories`), and two conversation datasets, ``oasst1`` and ``sharegpt``
+(:mod:`.conversations`). ``auto`` picks one per file: ``.jsonl`` files are OpenAI
+JSONL unless their first line is an oasst1 tree; a JSON object with ``trajectory`` and
+``history`` is SWE-agent; a JSON list of messages, or an object with ``messages`` and
+``info``/``trajectory_format``, is mini-swe-agent; a list of ``{"conversations"}`` is
+ShareGPT; a JSON object or list of request bodies is OpenAI.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from prefixcache.analyze.logs.conversations import load_oasst1, load_sharegpt
 from prefixcache.analyze.logs.openai_jsonl import (LogFormatError, load_openai_jsonl,
                                                    parse_record)
 from prefixcache.analyze.logs.trajectories import load_mini_swe_agent, load_swe_agent
 from prefixcache.analyze.records import Request
 
-FORMATS = ("auto", "openai-jsonl", "swe-agent", "mini-swe-agent")
+FORMATS = ("auto", "openai-jsonl", "swe-agent", "mini-swe-agent", "oasst1", "sharegpt")
 
 __all__ = ["FORMATS", "LogFormatError", "detect_format", "load_log", "load_logs"]
 
@@ -29,7 +32,9 @@ def detect_format(path: str | Path, data: object = None) -> str:
     """
     path = Path(path)
     if path.suffix == ".jsonl":
-        return "openai-jsonl"
+        with path.open(encoding="utf-8") as f:
+            first = next((ln for ln in f if ln.strip()), "")
+        return "oasst1" if '"message_tree_id"' in first else "openai-jsonl"
     if data is None:
         data = json.loads(path.read_text(encoding="utf-8"))
     if isinstance(data, dict):
@@ -40,6 +45,8 @@ def detect_format(path: str | Path, data: object = None) -> str:
         if "messages" in data or "prompt" in data or "request" in data or "body" in data:
             return "openai-jsonl"
     if isinstance(data, list) and data and isinstance(data[0], dict):
+        if "conversations" in data[0]:
+            return "sharegpt"
         if "role" in data[0]:
             return "mini-swe-agent"
         if any(k in data[0] for k in ("messages", "prompt", "request", "body")):
@@ -66,7 +73,11 @@ def load_log(path: str | Path, fmt: str = "auto") -> list[Request]:
     if fmt not in FORMATS:
         raise LogFormatError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     data = None
-    if not (path.suffix == ".jsonl" and fmt in ("auto", "openai-jsonl")):
+    if path.suffix == ".jsonl" and fmt == "auto":
+        fmt = detect_format(path)
+    if fmt == "oasst1":
+        return load_oasst1(path)
+    if not (path.suffix == ".jsonl" and fmt == "openai-jsonl"):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
@@ -75,6 +86,10 @@ def load_log(path: str | Path, fmt: str = "auto") -> list[Request]:
         fmt = detect_format(path, data)
     if fmt == "openai-jsonl":
         return load_openai_jsonl(path) if data is None else _openai_json(path, data)
+    if fmt == "sharegpt":
+        if not isinstance(data, list):
+            raise LogFormatError(f"{path}: a ShareGPT file is a JSON list")
+        return load_sharegpt(path, data)
     if fmt == "swe-agent":
         if not isinstance(data, dict):
             raise LogFormatError(f"{path}: a SWE-agent .traj is a JSON object")

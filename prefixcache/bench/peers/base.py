@@ -7,6 +7,7 @@ the results record. A peer that cannot run here raises :class:`PeerUnavailable` 
 """
 from __future__ import annotations
 
+import os
 import socket
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ class PeerContext:
         kv_cache_gib: KV pool size given to engines that take one.
         api: ``completions`` or ``chat`` for serving peers.
         work_dir: scratch space (server logs, GGUF files).
-        peers_dir: where ``scripts/install_peers.sh`` put the peer venvs.
+        peers_dir: where ``scripts/install_peers.sh`` put the peer venvs (``.peers`` in the
+            repository, or ``$PREFIXCACHE_PEERS_DIR``).
     """
 
     model: str
@@ -48,7 +50,7 @@ class PeerContext:
     kv_cache_gib: float = 2.0
     api: str = "completions"
     work_dir: Path = REPO_ROOT / "benchmarks" / "_scratch"
-    peers_dir: Path = REPO_ROOT / ".peers"
+    peers_dir: Path = Path(os.environ.get("PREFIXCACHE_PEERS_DIR") or REPO_ROOT / ".peers")
     tenants: tuple[str, ...] = ()
     eos_token_id: int | None = None
 
@@ -60,6 +62,7 @@ class PeerRun:
     peak_rss: int | None = None
     prefill_tokens_computed: int | None = None
     concurrency: int | None = None  # what the peer actually ran at, when it differs
+    cached_tokens_total: int | None = None  # total reuse, for peers without per-request counts
     cache_stats: dict = field(default_factory=dict)
 
 

@@ -98,6 +98,7 @@ class LlamaCppPeer(ServerPeer):
             reused = sum(int(m) for m in PREFIX_HIT.findall(text))
             prompt = sum(r.prompt_tokens for r in run.results if r.error is None)
             run.prefill_tokens_computed = prompt - reused
+            run.cached_tokens_total = reused
             run.cache_stats["prefix_match_tokens_from_log"] = reused
         except OSError:
             pass

@@ -41,7 +41,8 @@ class OursServer(ServerPeer):
         argv = [sys.executable, "-m", "prefixcache.cli", "serve", "--model", ctx.model, "--host", "127.0.0.1",
                 "--port", str(port), "--api-keys", str(keys_file), "--served-model-name", SERVED_NAME,
                 "--dtype", ctx.dtype, "--block-size", str(ctx.block_size), "--max-model-len", str(ctx.max_model_len),
-                "--kv-cache-gib", str(ctx.kv_cache_gib), "--threads", str(ctx.threads)]
+                "--kv-cache-gib", str(ctx.kv_cache_gib), "--num-threads", str(ctx.threads),
+                "--log-level", "warning", "--no-access-log"]
         if not self.prefix_caching:
             argv.append("--no-prefix-caching")
         return argv, {"OMP_NUM_THREADS": str(ctx.threads)}

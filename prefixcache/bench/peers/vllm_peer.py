@@ -43,7 +43,7 @@ class VLLMPeer(ServerPeer):
         return argv, env
 
     def extra_body(self, req: BenchRequest, salt: str) -> dict:
-        return {"ignore_eos": True, "cache_salt": f"{salt}/{req.tenant or '-'}"}
+        return {"ignore_eos": True, "cache_salt": f"{salt}-{req.tenant or 'default'}"}
 
     def detail(self) -> dict:
         d = super().detail()

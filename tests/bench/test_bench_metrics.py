@@ -48,14 +48,24 @@ def test_union_and_effective_prefill_throughput():
 
 def test_cross_tenant_hits_definition():
     ids = {"a1": [1] * 64, "b1": [1] * 64, "a2": [1] * 48 + [2] * 16, "b2": [1] * 20 + [3] * 44}
-    ok = [res("a1", tenant="a", cached=0, send=0), res("b1", tenant="b", cached=0, send=1),
-          res("a2", tenant="a", cached=48, send=2),  # own tenant's a1 shares 48 tokens
-          res("b2", tenant="b", cached=32, send=3)]  # b1 shares 20 -> bound ceil16(20) = 32
+    # send, first token: each request finishes before the next is sent
+    ok = [res("a1", tenant="a", cached=0, send=0, first=0.5), res("b1", tenant="b", cached=0, send=1, first=1.5),
+          res("a2", tenant="a", cached=48, send=2, first=2.5),  # own tenant's a1 shares 48 tokens
+          res("b2", tenant="b", cached=32, send=3, first=3.5)]  # b1 shares 20 -> bound ceil16(20) = 32
     assert m.cross_tenant_hits(ok, ids, block_size=16) == (0, 0)
-    leak = ok[:1] + [res("b1", tenant="b", cached=48, send=1)] + ok[2:]  # b1 is b's first request
+    leak = ok[:1] + [res("b1", tenant="b", cached=48, send=1, first=1.5)] + ok[2:]  # b's first request
     assert m.cross_tenant_hits(leak, ids, block_size=16) == (1, 48)
-    over = ok[:3] + [res("b2", tenant="b", cached=48, send=3)]
+    over = ok[:3] + [res("b2", tenant="b", cached=48, send=3, first=3.5)]
     assert m.cross_tenant_hits(over, ids, block_size=16) == (1, 16)
+
+
+def test_concurrent_same_tenant_requests_may_share():
+    # a2 was sent a moment after a1 but admitted first; a1 then hit a2's pages: legitimate
+    ids = {"a1": [1] * 64, "a2": [1] * 64, "b1": [1] * 64}
+    rs = [res("a1", tenant="a", cached=48, send=0.084, first=3.1), res("a2", tenant="a", cached=0, send=0.085,
+                                                                       first=1.4),
+          res("b1", tenant="b", cached=48, send=5.0, first=5.5)]  # b alone: a cross-tenant hit
+    assert m.cross_tenant_hits(rs, ids, block_size=16) == (1, 48)
 
 
 def test_summary_has_the_documented_keys():
@@ -89,6 +99,8 @@ def test_summary_without_cached_reports():
                     prefill_tokens_computed=100)
     assert s["cached_tokens"] is None and s["hit_rate"] is None and s["errors"] == 1
     assert s["prefill_tokens_computed"] == 100 and s["requests"] == 2
+    logged = m.summarize(info, [res("a", cached=None)], wall_s=1.0, peak_rss=None, cached_tokens_total=60)
+    assert (logged["cached_tokens"], logged["hit_rate"], logged["cached_tokens_source"]) == (60, 0.6, "server log")
 
 
 def test_peak_rss_reads_proc():

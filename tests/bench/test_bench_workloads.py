@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import shared_data
+from helpers.data import shared_data
 from prefixcache.bench import datasets
 from prefixcache.bench import workloads as wl
 

@@ -63,10 +63,21 @@ def test_runner_skips_absent_peers_and_reports_why(tmp_path, monkeypatch):
     result = runner.run_bench(opts, log=logs.append)
     assert result.summaries == []
     reasons = {(s.peer, s.mode): s.reason for s in result.skipped}
-    assert set(reasons) == {("vllm", "serving"), ("llamacpp", "serving"), ("vllm", "offline"),
-                            ("llamacpp", "offline")}
+    assert set(reasons) == {("vllm", "serving"), ("llamacpp", "serving")}
     assert "make peers" in reasons[("vllm", "serving")]
     assert any(line.startswith("skip vllm (serving): not installed") for line in logs)
+
+
+def test_plan_runs_each_peer_in_the_modes_it_has():
+    skipped, logs = [], []
+    plan = runner.plan_runs(["prefixcache", "transformers", "vllm"], ["offline", "serving"], skipped, logs.append)
+    assert plan == [("prefixcache", "offline"), ("transformers", "offline"), ("prefixcache", "serving"),
+                    ("vllm", "serving")]
+    assert skipped == []
+    plan = runner.plan_runs(["vllm", "transformers"], ["offline"], skipped, logs.append)
+    assert plan == [("transformers", "offline")]
+    assert [s.peer for s in skipped] == ["vllm"] and "serving mode only" in skipped[0].reason
+    assert logs == ["skip vllm: vllm: runs in serving mode only, not in offline mode"]
 
 
 def _patched_init(orig, tmp_path):
@@ -147,3 +158,11 @@ def test_server_process_start_failure_shows_the_log(tmp_path):
         proc.wait_ready("http://127.0.0.1:9/health", timeout_s=30)
     proc.stop()
     assert Path(tmp_path / "logs" / "x.log").read_text().startswith("$ ")
+
+
+def test_vllm_cache_salt_is_accepted_by_vllm():
+    # vLLM refuses salts over 128 characters or containing '@', '/', '\\' or NUL
+    peer = make_peer("vllm", "serving")
+    body = peer.extra_body(BenchRequest(id="r", session="r", tenant="tenant3"), "multi-tenant-0123456789ab")
+    assert body == {"ignore_eos": True, "cache_salt": "multi-tenant-0123456789ab-tenant3"}
+    assert peer.extra_body(BenchRequest(id="r", session="r"), "x")["cache_salt"] == "x-default"

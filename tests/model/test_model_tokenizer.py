@@ -1,0 +1,142 @@
+"""Tokenizers (byte-level builtin, tokenizer.json, transformers) and streaming detokenization."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixcache.model.builtin import BOS_ID, END_ID, EOS_ID, ByteTokenizer
+from prefixcache.model.chat_template import render_chat_template
+from prefixcache.model.detokenizer import IncrementalDetokenizer
+from prefixcache.model.tokenizer import HFTokenizer, JSONTokenizer, load_tokenizer
+
+TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=60)
+BYTE = ByteTokenizer()
+
+
+@given(TEXT)
+def test_byte_tokenizer_roundtrips_any_utf8(text):
+    ids = BYTE.encode(text)
+    assert ids[0] == BOS_ID
+    assert BYTE.decode(ids, skip_special_tokens=False) == "<bos>" + text
+    assert BYTE.decode(BYTE.encode(text, add_special_tokens=False),
+                       skip_special_tokens=False) == text
+
+
+def test_byte_tokenizer_specials():
+    ids = BYTE.encode("a<|user|>é", add_special_tokens=False)
+    assert ids == [97, 259, 0xC3, 0xA9]
+    assert BYTE.decode(ids) == "aé"
+    assert BYTE.decode(ids, skip_special_tokens=False) == "a<|user|>é"
+    assert BYTE.eos_token_ids == {EOS_ID, END_ID} and BYTE.bos_token_id == BOS_ID
+    assert set(BYTE.all_special_ids) == set(range(256, 263))
+    assert BYTE.vocab_size == 272
+    assert BYTE.decode([270, 104, 105]) == "hi"  # padding ids decode to nothing
+    assert BYTE.decode([0xE2, 0x82]) == "\ufffd"  # truncated UTF-8
+    assert BYTE.decode_token(104) == "h" and BYTE.decode_token(END_ID) == "<|end|>"
+
+
+def test_builtin_chat_template_renders():
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": [{"type": "text", "text": "2+2?"}]}]
+    text = BYTE.render_chat(msgs)
+    assert text == ("<bos><|system|>Be brief.<|end|><|user|>Hi<|end|><|assistant|>Hello"
+                    "<|end|><|user|>2+2?<|end|><|assistant|>")
+    ids = BYTE.apply_chat_template(msgs)
+    assert ids[:2] == [BOS_ID, 258] and ids[-1] == 260
+    assert ids.count(BOS_ID) == 1  # the template writes BOS; encode adds none
+    assert not BYTE.render_chat(msgs[:2], add_generation_prompt=False).endswith("<|assistant|>")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    assert '"name": "get_weather"' in BYTE.render_chat(msgs[1:2], tools=tools)
+
+
+@settings(max_examples=60)
+@given(TEXT, st.lists(st.integers(1, 4), min_size=1, max_size=40))
+def test_incremental_detokenizer_bytes(text, cuts):
+    ids = BYTE.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(BYTE, prompt_ids=BYTE.encode("ab"))
+    deltas, i, k = [], 0, 0
+    while i < len(ids):
+        n = cuts[k % len(cuts)]
+        deltas.append(detok.push(ids[i:i + n]))
+        i, k = i + n, k + 1
+    deltas.append(detok.flush())
+    assert "".join(deltas) == text == detok.text
+    assert all("\ufffd" not in d for d in deltas) or "\ufffd" in text
+
+
+def test_incremental_detokenizer_holds_partial_characters():
+    detok = IncrementalDetokenizer(BYTE)
+    euro = "€".encode()
+    assert detok.push([euro[0]]) == ""
+    assert detok.push([euro[1]]) == ""
+    assert detok.push([euro[2], ord("!")]) == "€!"
+    assert detok.push([0xF0]) == ""
+    assert detok.flush() == "\ufffd"  # the stream ended inside a character
+
+
+def test_chat_template_errors():
+    with pytest.raises(ValueError, match="boom"):
+        render_chat_template("{{ raise_exception('boom') }}", [])
+    with pytest.raises(ValueError, match="chat template"):
+        render_chat_template("{% for %}", [])
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory, shared_data_path):
+    d = tmp_path_factory.mktemp("gpt2")
+    shutil.copy(shared_data_path("tokenizers") / "gpt2" / "tokenizer.json", d)
+    return d
+
+
+def test_tokenizer_json_only_dir(gpt2_dir):
+    tok = load_tokenizer(gpt2_dir, bos_token_id=None, eos_token_ids=(50256,))
+    assert isinstance(tok, JSONTokenizer)
+    ids = tok.encode("Hello world, the quick brown fox.")
+    assert ids == [15496, 995, 11, 262, 2068, 7586, 21831, 13]
+    assert tok.decode(ids) == "Hello world, the quick brown fox."
+    assert tok.eos_token_ids == {50256} and tok.all_special_ids == [50256]
+    assert tok.vocab_size == 50257
+    assert tok.decode_token(995) == " world"
+    with pytest.raises(ValueError, match="no chat template"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_incremental_detokenizer_byte_level_bpe(gpt2_dir):
+    tok = load_tokenizer(gpt2_dir)
+    text = "Zürich 🌍 naïve café — 東京タワー!"
+    ids = tok.encode(text)
+    detok = IncrementalDetokenizer(tok)
+    deltas = [detok.push([t]) for t in ids] + [detok.flush()]
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in d for d in deltas)
+    assert deltas.count("") > 0  # multi-token characters were held back
+
+
+@pytest.fixture(scope="module")
+def qwen2(shared_data_path):
+    return HFTokenizer(shared_data_path("tokenizers") / "qwen2")
+
+
+def test_transformers_tokenizer_and_chat_template(qwen2):
+    assert qwen2.encode("Hello world, the quick brown fox.") == [
+        9707, 1879, 11, 279, 3974, 13876, 38835, 13]
+    assert 151645 in qwen2.eos_token_ids  # <|im_end|>
+    assert {151643, 151644, 151645} <= set(qwen2.all_special_ids)
+    msgs = [{"role": "user", "content": "hi"}]
+    ids = qwen2.apply_chat_template(msgs)
+    assert ids[0] == 151644 and ids[-3:] == [151644, 77091, 198]  # <|im_start|>assistant\n
+    # our Jinja environment renders the same text as transformers'
+    assert render_chat_template(qwen2.chat_template, msgs, add_generation_prompt=True,
+                                eos_token="<|im_end|>") == qwen2.render_chat(msgs)
+
+
+def test_incremental_detokenizer_with_prompt_context(qwen2):
+    prompt = qwen2.encode("The answer is")
+    gen = qwen2.encode(" forty-two 🙂, surely.")
+    detok = IncrementalDetokenizer(qwen2, prompt_ids=prompt)
+    out = "".join(detok.push([t]) for t in gen) + detok.flush()
+    assert out == " forty-two 🙂, surely."

@@ -1,0 +1,124 @@
+"""A client that disconnects or cancels gets its request aborted and its pages freed;
+``/reset_prefix_cache`` during a running stream does not disturb it."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from tests.server.live import labelled, unique_prompt
+
+LONG = {"max_tokens": 2000, "ignore_eos": True}  # ~a minute of decoding if never aborted
+
+
+def _aborts(m: dict) -> float:
+    return labelled(m, "request_success_total", finished_reason="abort")
+
+
+def test_httpx_disconnect_mid_stream_frees_pages(server):
+    server.wait_idle()
+    before = server.metrics()
+    body = {"model": "tiny", "prompt": unique_prompt(60), "stream": True, **LONG}
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", server.v1 + "/completions", json=body) as r:
+            assert r.status_code == 200
+            seen = 0
+            for line in r.iter_lines():
+                seen += line.startswith("data: ")
+                if seen == 2:
+                    assert server.metrics()["kv_pages_live"] > 0  # running
+                if seen == 3:
+                    break  # leaving iter_lines closes the connection
+    after = server.wait_idle(timeout=10)
+    assert _aborts(after) == _aborts(before) + 1
+    assert after["kv_pages_free"] + after["kv_pages_cached"] == after["kv_pages_total"]
+
+
+def test_openai_stream_close_frees_pages(server):
+    server.wait_idle()
+    before = server.metrics()
+    c = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0)
+    stream = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": unique_prompt(60)}], stream=True,
+        max_tokens=LONG["max_tokens"], extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    after = server.wait_idle(timeout=10)
+    assert _aborts(after) == _aborts(before) + 1
+
+
+def test_async_cancel_frees_pages(server):
+    server.wait_idle()
+    before = server.metrics()
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=server.v1, api_key="x", max_retries=0) as c:
+            async def consume():
+                s = await c.completions.create(model="tiny", prompt=unique_prompt(60),
+                                               stream=True, max_tokens=LONG["max_tokens"],
+                                               extra_body={"ignore_eos": True})
+                async for _ in s:
+                    pass
+            tasks = [asyncio.create_task(consume()) for _ in range(3)]
+            await asyncio.sleep(1.0)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+    after = server.wait_idle(timeout=10)
+    assert _aborts(after) == _aborts(before) + 3
+
+
+def test_non_streaming_client_timeout_frees_pages(server):
+    server.wait_idle()
+    before = server.metrics()
+    body = {"model": "tiny", "prompt": unique_prompt(60), **LONG}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.v1 + "/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
+    after = server.wait_idle(timeout=10)
+    assert _aborts(after) == _aborts(before) + 1
+
+
+def test_reset_during_stream_does_not_corrupt_it(server):
+    """Reset while a stream runs, with another request allocating pages meanwhile: the
+    stream's tokens and logprobs equal those of an identical run without reset."""
+    c = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0)
+    prompt = unique_prompt(60)
+    kw = dict(model="tiny", prompt=prompt, max_tokens=24, temperature=0, logprobs=0,
+              stream=True, extra_body={"ignore_eos": True},
+              stream_options={"include_usage": True})
+
+    def run(reset: bool):
+        tokens, lps, usage, report = [], [], None, None
+        for i, ch in enumerate(c.completions.create(**kw)):
+            if ch.usage is not None and not ch.choices:
+                usage = ch.usage
+                continue
+            lp = ch.choices[0].logprobs
+            tokens += lp.tokens
+            lps += lp.token_logprobs
+            if reset and i == 2:
+                r = httpx.post(server.base + "/reset_prefix_cache")
+                assert r.status_code == 200
+                report = r.json()
+                # another request now takes free pages (any page the reset freed wrongly)
+                c.completions.create(model="tiny", prompt=unique_prompt(200), max_tokens=1)
+        return tokens, lps, usage, report
+
+    run(False)                                   # cold: publishes the prompt's pages
+    ref_tokens, ref_lps, ref_usage, _ = run(False)  # warm reference
+    server.wait_idle()
+    tokens, lps, usage, report = run(True)
+    assert report["kept_in_use_pages"] > 0       # the stream's pages were kept
+    assert report["dropped_pages"] >= 0
+    assert usage.prompt_tokens_details.cached_tokens == ref_usage.prompt_tokens_details.cached_tokens > 0
+    assert usage.completion_tokens == 24
+    assert tokens == ref_tokens
+    assert lps == pytest.approx(ref_lps, abs=1e-3)
+    m = server.wait_idle()
+    assert m["kv_pages_free"] + m["kv_pages_cached"] == m["kv_pages_total"]
