@@ -15,11 +15,13 @@ skipped with a message.
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import shlex
+import signal
 import sys
 from pathlib import Path
 
+from prefixcache.bench.runner import default_threads
 from prefixcache.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS, WorkloadConfig
 
 
@@ -57,8 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serving mode: requests in flight (default 4)")
     g.add_argument("--offline-concurrency", type=int, default=1,
                    help="offline mode: requests in flight (default 1: per-request latency without queueing)")
-    g.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="compute threads for every peer (default: all CPUs)")
+    g.add_argument("--threads", type=int, default=default_threads(),
+                   help="compute threads for every peer (default: all CPUs but one, which serves the front "
+                        f"ends and the client; here {default_threads()})")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     g.add_argument("--block-size", type=int, default=16, help="our page size in tokens")
     g.add_argument("--kv-cache-gib", type=float, default=2.0, help="KV pool per engine (ours, vLLM)")
@@ -133,7 +136,9 @@ def run(args) -> int:
         runs = load_runs(args.out)
         if not runs:
             raise SystemExit(f"prefixcache bench: no runs under {args.out / 'runs'}")
-        report.write_reports(runs, args.out, command=command)
+        ctx_file = args.out / "runs" / "context.json"
+        context = json.loads(ctx_file.read_text()) if ctx_file.is_file() else {}
+        report.write_reports(runs, args.out, context=context.get("context"), command=context.get("command"))
         print(f"wrote {args.out / 'RESULTS.md'}")
         return 0
     bad = [p for p in args.peers if p not in PEER_NAMES]
@@ -148,6 +153,8 @@ def run(args) -> int:
         threads=args.threads, dtype=args.dtype, block_size=args.block_size, kv_cache_gib=args.kv_cache_gib,
         api=args.api, time_scale=args.time_scale, workload_config=workload_config(args), out_dir=args.out,
         json_path=args.json, work_dir=args.work_dir, progress=not args.no_progress)
+    # `kill PID` stops the bench like Ctrl-C: servers it started are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run_bench(opts)
     if not result.summaries:
         print("prefixcache bench: no peer ran", file=sys.stderr)
@@ -159,6 +166,9 @@ def run(args) -> int:
     print(report.goals_table(report.goals(result.summaries)))
     if args.out:
         # the report covers every run under OUT/runs, so peers run separately accumulate
+        (args.out / "runs").mkdir(parents=True, exist_ok=True)
+        (args.out / "runs" / "context.json").write_text(json.dumps(
+            {"context": result.context, "command": command}, indent=1, default=str))
         report.write_reports(load_runs(args.out), args.out,
                              skipped=result.skipped, context=result.context, command=command)
         print(f"wrote {args.out / 'RESULTS.md'}, {args.out / 'results.md'}, {args.out / 'plots'}/")

@@ -229,6 +229,7 @@ class RunInfo:
     concurrency: int
     machine: str
     block_size: int = 16
+    max_model_len: int | None = None
     peer_detail: dict = field(default_factory=dict)
 
 

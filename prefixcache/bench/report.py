@@ -148,6 +148,31 @@ def goals(summaries: list[dict]) -> list[Goal]:
     return out
 
 
+def ratios_table(summaries: list[dict]) -> str:
+    """Ours (serving) against each other peer, per workload: how many times lower our TTFT
+    p50 is, and how many times higher our requests/s (``>1``: ours is better)."""
+    peers = [p for p in PEER_ORDER if p != "prefixcache" and any(s["peer"] == p for s in summaries)]
+    rows = ["| workload | " + " | ".join(f"vs {p}: TTFT p50 / req/s" for p in peers) + " |",
+            "|---|" + "---|" * len(peers)]
+    for wname in sorted({s["workload"] for s in summaries}):
+        ours = _find(summaries, wname, "prefixcache", ("serving", "offline"))
+        if not ours or not ours.get("ttft_p50_s"):
+            continue
+        cells = []
+        for p in peers:
+            other = (_serving_peer(summaries, wname, p) if ours["mode"] == "serving"
+                     else _find(summaries, wname, p, ("offline",)))
+            if p == "prefixcache-nocache":
+                other = _find(summaries, wname, p, (ours["mode"],))
+            if other and other.get("ttft_p50_s") and other.get("requests_per_s"):
+                cells.append(f"{other['ttft_p50_s'] / ours['ttft_p50_s']:.1f}× / "
+                             f"{ours['requests_per_s'] / other['requests_per_s']:.2f}×")
+            else:
+                cells.append("–")
+        rows.append(f"| {wname} ({ours['mode']}) | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def goals_table(gs: list[Goal]) -> str:
     rows = ["| goal | target | measured | status |", "|---|---|---|---|"]
     rows += [f"| {g.name} | {g.target} | {g.figure} | **{g.status}** |" for g in gs]
@@ -157,7 +182,8 @@ def goals_table(gs: list[Goal]) -> str:
 # --------------------------------------------------------------------------- plots
 def plot_ttft_cold_warm(summaries: list[dict], out_dir: Path) -> list[Path]:
     """Per workload with both cold and warm requests: the TTFT distribution (empirical
-    CDF, log time axis) of cold (dashed) and warm (solid) requests, one colour per peer."""
+    CDF, log time axis) of cold (dashed) and warm (solid) requests, one colour per peer,
+    one panel per mode (offline, serving)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,23 +194,27 @@ def plot_ttft_cold_warm(summaries: list[dict], out_dir: Path) -> list[Path]:
         runs = [s for s in sorted(summaries, key=_key) if s["workload"] == wname and s.get("per_request")]
         if not any(s.get("cold_requests") and s.get("warm_requests") for s in runs):
             continue
-        fig, ax = plt.subplots(figsize=(8, 4.8))
-        for i, s in enumerate(runs):
-            color = f"C{i % 10}"
-            for warm, style in ((False, "--"), (True, "-")):
-                xs = sorted(r["ttft_s"] for r in s["per_request"]
-                            if r.get("ttft_s") is not None and r.get("error") is None and bool(r.get("warm_expected")) == warm)
-                if xs:
-                    ys = [0.0] + [(k + 1) / len(xs) for k in range(len(xs))]
-                    ax.step([xs[0]] + xs, ys, where="post", linestyle=style, color=color,
-                            label=f"{label(s)} {'warm' if warm else 'cold'} (n={len(xs)})")
-        ax.set_xscale("log")
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("TTFT (s, log scale)")
-        ax.set_ylabel("fraction of requests")
-        ax.set_title(f"{wname}: TTFT, cold (dashed) vs warm (solid)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        modes = [m for m in ("offline", "serving") if any(s["mode"] == m for s in runs)]
+        fig, axes = plt.subplots(1, len(modes), figsize=(7.5 * len(modes), 4.8), squeeze=False, sharex=True)
+        for ax, mode in zip(axes[0], modes):
+            for i, s in enumerate(r for r in runs if r["mode"] == mode):
+                color = f"C{PEER_ORDER.index(s['peer']) if s['peer'] in PEER_ORDER else 9}"
+                for warm, style in ((False, "--"), (True, "-")):
+                    xs = sorted(r["ttft_s"] for r in s["per_request"] if r.get("ttft_s") is not None
+                                and r.get("error") is None and bool(r.get("warm_expected")) == warm)
+                    if xs:
+                        ys = [0.0] + [(k + 1) / len(xs) for k in range(len(xs))]
+                        ax.step([xs[0]] + xs, ys, where="post", linestyle=style, color=color,
+                                label=f"{s['peer']} {'warm' if warm else 'cold'} (n={len(xs)})")
+            ax.set_xscale("log")
+            ax.set_ylim(0, 1.02)
+            ax.set_xlabel("TTFT (s, log scale)")
+            ax.set_ylabel("fraction of requests")
+            conc = sorted({s["concurrency"] for s in runs if s["mode"] == mode})
+            ax.set_title(f"{mode} (concurrency {'/'.join(map(str, conc))})", fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7, loc="lower right")
+        fig.suptitle(f"{wname}: TTFT of cold (dashed) and warm (solid) requests")
         fig.tight_layout()
         p = out_dir / f"ttft_cold_warm_{wname}.png"
         fig.savefig(p, dpi=110)
@@ -212,7 +242,9 @@ def hit_rate_by_turn(per_request: list[dict], *, reference: bool = False) -> dic
 
 def plot_hit_rate_per_turn(summaries: list[dict], out_dir: Path) -> list[Path]:
     """Multi-turn (per turn) and agent (per call): hit rate by index, one line per peer
-    that reports cached tokens; agent adds DeepSeek's recorded rate."""
+    that reports cached tokens (peers that never hit are left out). The agent figure
+    has a second panel restricted to the DeepSeek trajectories' calls, with DeepSeek's
+    recorded production hit rate on the same calls."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -221,25 +253,31 @@ def plot_hit_rate_per_turn(summaries: list[dict], out_dir: Path) -> list[Path]:
     paths = []
     for wname, xlabel in (("multi-turn", "turn"), ("agent", "call")):
         runs = [s for s in sorted(summaries, key=_key) if s["workload"] == wname and s.get("per_request")]
-        lines = [(label(s), hit_rate_by_turn(s["per_request"])) for s in runs]
-        lines = [(n, d) for n, d in lines if d]
-        if runs and wname == "agent":
+        panels = [("all sessions", [(label(s), hit_rate_by_turn(s["per_request"])) for s in runs])]
+        if wname == "agent" and runs:
+            ref_rows = lambda s: [r for r in s["per_request"] if r.get("reference_prompt_tokens")]  # noqa: E731
+            lines = [(label(s), hit_rate_by_turn(ref_rows(s))) for s in runs]
             ref = hit_rate_by_turn(runs[0]["per_request"], reference=True)
             if ref:
-                lines.append(("DeepSeek production (recorded)", ref))
-        if not lines:
+                panels.append(("DeepSeek trajectories: same calls as the recorded production run",
+                               lines + [("DeepSeek production (recorded)", ref)]))
+        panels = [(t, [(n, d) for n, d in ls if d and any(v > 0 for v in d.values())]) for t, ls in panels]
+        panels = [(t, ls) for t, ls in panels if ls]
+        if not panels:
             continue
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for i, (name, d) in enumerate(lines):
-            style = ":" if name.startswith("DeepSeek") else "-"
-            ax.plot(list(d), list(d.values()), style, marker="o", markersize=3, label=name,
-                    color="k" if name.startswith("DeepSeek") else f"C{i % 10}")
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel(f"{xlabel} index (0 = first)")
-        ax.set_ylabel("hit rate (cached / prompt tokens)")
-        ax.set_title(f"{wname}: prefix-cache hit rate per {xlabel}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 4.5), squeeze=False)
+        for ax, (title, lines) in zip(axes[0], panels):
+            for i, (name, d) in enumerate(lines):
+                ref_line = name.startswith("DeepSeek")
+                ax.plot(list(d), list(d.values()), ":" if ref_line else "-", marker="o", markersize=3, label=name,
+                        color="k" if ref_line else f"C{i % 10}")
+            ax.set_ylim(0, 1.02)
+            ax.set_xlabel(f"{xlabel} index (0 = first)")
+            ax.set_ylabel("hit rate (cached / prompt tokens)")
+            ax.set_title(f"{wname}, {title}", fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8, loc="lower right")
+        fig.suptitle(f"{wname}: prefix-cache hit rate per {xlabel}")
         fig.tight_layout()
         p = out_dir / f"hit_rate_per_{xlabel}_{wname}.png"
         fig.savefig(p, dpi=110)
@@ -273,16 +311,23 @@ def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, s
                command: str | None) -> str:
     ctx = context
     first = summaries[0] if summaries else {}
+    loads = [x for s in summaries for x in (s.get("load_average_1m") or [])]
     lines = ["# prefixcache benchmark results", "",
-             "Generated by `prefixcache bench`; do not edit by hand." + (f" Command: `{command}`." if command else ""), "",
+             "Generated by `prefixcache bench`; do not edit by hand."
+             + (f" Command: `{command}`." if command else ""), "",
              "## Setup", "",
              f"- model: `{ctx.get('model', first.get('model'))}` (random-weight Llama, hidden 512, 8 layers, "
-             "8/4 heads, 1408 MLP, GPT-2 tokenizer, 75M parameters, unless another model is named)",
+             "8/4 heads, 1408 MLP, GPT-2 tokenizer, 75M parameters, unless another model is named)"
+             + (f"; weights sha256 `{ctx['model_sha256']}`, the same file for every peer (llama.cpp: converted "
+                "to GGUF at the same dtype)" if ctx.get("model_sha256") else ""),
              f"- dtype: {ctx.get('dtype', first.get('dtype'))}; threads per peer: {ctx.get('threads', first.get('threads'))}; "
              f"concurrency: serving {ctx.get('concurrency', first.get('concurrency'))}, offline "
              f"{ctx.get('offline_concurrency', 1)} (cold-burst: all at once; transformers: serial)",
-             f"- machine: {ctx.get('machine', first.get('machine'))}",
-             f"- our page size: {ctx.get('block_size', 16)} tokens; max context {ctx.get('max_model_len', '?')} tokens; "
+             f"- machine: {ctx.get('machine', first.get('machine'))}"
+             + (f"; its 1-minute load average during the runs: {min(loads):.1f}–{max(loads):.1f} "
+                "(other work on the machine slows every peer)" if loads else ""),
+             f"- our page size: {ctx.get('block_size', 16)} tokens; max context "
+             f"{max((s.get('max_model_len') or 0 for s in summaries), default=0) or ctx.get('max_model_len', '?')} tokens; "
              f"serving peers get the prompt rendered once by the bench (`/v1/{ctx.get('api', 'completions')}`), "
              "greedy, fixed output length",
              ""]
@@ -292,12 +337,17 @@ def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, s
     if details:
         lines += ["Peers:", ""]
         for name, d in details.items():
-            short = {k: v for k, v in d.items() if k != "command"}
+            short = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in d.items() if k != "command"}
             lines.append(f"- {name}: " + ", ".join(f"{k}={v}" for k, v in short.items()))
         lines.append("")
     if skipped:
         lines += ["Skipped:", ""] + [f"- {s.peer} ({s.mode}): {s.reason.splitlines()[0]}" for s in skipped] + [""]
-    lines += ["## Goals", "", goals_table(gs), "## All runs", "", markdown_table(summaries),
+    lines += ["## Goals", "", goals_table(gs),
+              "## Ours against each peer", "",
+              "Our engine with prefix caching (serving, concurrency as above) against each peer on the same "
+              "requests: the peer's TTFT p50 over ours, and our requests/s over the peer's (above 1×: ours is "
+              "better). transformers runs serially in process.", "", ratios_table(summaries),
+              "## All runs", "", markdown_table(summaries),
               "TTFT cold/warm: requests whose prefix nobody sent before them vs requests whose prefix an earlier "
               "request of the same tenant carried. Prefill computed: the engine's own counter where it has one "
               "(ours, vLLM: prompt − prefix-cache hits; llama.cpp: prompt − prefix-match tokens in its log, whose "

@@ -1,9 +1,11 @@
 """Run workloads against peers and collect one summary per (workload, peer, mode).
 
 Order: build and render every workload first (so servers get a context length that fits
-all of them), then for each peer: start it once, run every workload with a fresh salt
-(serving) or a fresh engine (offline), stop it. A peer that is absent or fails to start
-is skipped with its reason; the run goes on.
+all of them); then the offline peers, loaded side by side, workload by workload; then
+each serving peer in turn: start it once, run every workload with a fresh salt, stop
+it. Every run starts from a cold cache (a fresh engine offline, a fresh ``cache_salt``
+when serving). A peer that is absent or fails to start is skipped with its reason; the
+run goes on.
 """
 from __future__ import annotations
 
@@ -19,9 +21,17 @@ from typing import Callable
 from prefixcache.bench import workloads as wl
 from prefixcache.bench.metrics import RunInfo, summarize
 from prefixcache.bench.peers import PEER_NAMES, PeerContext, PeerUnavailable, make_peer
-from prefixcache.bench.prompts import HFRenderer, Prompt, label_warm_by_overlap, render_all
+from prefixcache.bench.prompts import HFRenderer, Prompt, label_warm_by_overlap
 
 DEFAULT_MODEL = "bench"  # the random-weight Llama of bench_model.py
+
+
+def default_threads() -> int:
+    """All CPUs but one: the spare core runs the HTTP front ends, the bench's client and
+    the OS, as vLLM-CPU reserves one core for its front end by default. Compute threads
+    that share their cores with other busy threads spin at every barrier: on 2 cores,
+    2 threads next to one other busy process made a decode step 18x slower."""
+    return max(1, (os.cpu_count() or 2) - 1)
 
 
 @dataclass
@@ -32,7 +42,7 @@ class BenchOptions:
     modes: list[str] = field(default_factory=lambda: ["offline", "serving"])
     concurrency: int = 4  # serving mode
     offline_concurrency: int = 1  # offline mode: per-request latency without queueing
-    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    threads: int = field(default_factory=lambda: default_threads())
     dtype: str = "float32"
     block_size: int = 16
     kv_cache_gib: float = 2.0
@@ -95,6 +105,20 @@ def resolve_model(model: str) -> tuple[str, Path | None]:
     return str(d), d
 
 
+def weights_digest(model_dir: Path | None) -> str | None:
+    """sha256 (first 16 hex digits) over the directory's safetensors files, in name order."""
+    if model_dir is None:
+        return None
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
 def make_renderer(model: str, model_dir: Path | None):
     if model_dir is not None:
         return HFRenderer.from_dir(model_dir)
@@ -152,7 +176,16 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
         log(f"  {name}: {len(reqs)} requests, {len({r.session for r in reqs})} sessions, {n_prompt} prompt tokens")
     summaries, skipped = [], []
     jsonl = _open_jsonl(opts)
-    for name, mode in plan_runs(opts.peers, opts.modes, skipped, log):
+
+    def record(summary: dict) -> None:
+        summaries.append(summary)
+        if jsonl:
+            jsonl.write(json.dumps(_without_requests(summary)) + "\n")
+            jsonl.flush()
+        _save_run(opts, summary)
+        log(_one_line(summary))
+
+    def start(name: str, mode: str):
         peer = make_peer(name, mode)
         try:
             peer.check(ctx)
@@ -160,30 +193,54 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
             t = time.perf_counter()
             peer.start(ctx)
             log(f"  {peer.label} ready in {time.perf_counter() - t:.1f} s")
+            return peer
         except PeerUnavailable as exc:
             skipped.append(Skip(name, peer.mode, str(exc)))
             log(f"skip {peer.label}: {exc}")
             peer.stop()
+            return None
+
+    def run(peer, wname: str) -> bool:
+        conc = concurrency_for(wname, built[wname], opts.concurrency if peer.mode == "serving"
+                               else opts.offline_concurrency)
+        try:
+            record(run_one(peer, ctx, wname, built[wname], rendered[wname], conc, opts, machine))
+            return True
+        except PeerUnavailable as exc:
+            skipped.append(Skip(peer.name, peer.mode, str(exc)))
+            log(f"skip {peer.label}: {exc}")
+            return False
+
+    plan = plan_runs(opts.peers, opts.modes, skipped, log)
+    # Offline peers are cheap to keep loaded side by side: run them workload by workload
+    # (A, B, C on one workload, then the next), so a slow spell on the machine hits all
+    # of them alike. Servers run one after another (each holds its cores while up).
+    offline = [p for p in (start(n, m) for n, m in plan if m == "offline") if p is not None]
+    try:
+        for wname in built:
+            for peer in list(offline):
+                if not run(peer, wname):
+                    offline.remove(peer)
+                    peer.stop()
+    finally:
+        for peer in offline:
+            peer.stop()
+    for name, mode in plan:
+        if mode != "serving":
+            continue
+        peer = start(name, mode)
+        if peer is None:
             continue
         try:
-            for wname, reqs in built.items():
-                conc = concurrency_for(wname, reqs, opts.concurrency if peer.mode == "serving"
-                                       else opts.offline_concurrency)
-                summary = run_one(peer, ctx, wname, reqs, rendered[wname], conc, opts, machine)
-                summaries.append(summary)
-                if jsonl:
-                    jsonl.write(json.dumps(_without_requests(summary)) + "\n")
-                    jsonl.flush()
-                _save_run(opts, summary)
-                log(_one_line(summary))
-        except PeerUnavailable as exc:
-            skipped.append(Skip(name, peer.mode, str(exc)))
-            log(f"skip {peer.label}: {exc}")
+            for wname in built:
+                if not run(peer, wname):
+                    break
         finally:
             peer.stop()
     if jsonl:
         jsonl.close()
-    context = {"model": model, "model_dir": str(model_dir) if model_dir else None, "dtype": opts.dtype,
+    context = {"model": model, "model_dir": str(model_dir) if model_dir else None,
+               "model_sha256": weights_digest(model_dir), "dtype": opts.dtype,
                "threads": opts.threads, "concurrency": opts.concurrency,
                "offline_concurrency": opts.offline_concurrency, "block_size": opts.block_size,
                "max_model_len": max_model_len, "machine": machine, "api": opts.api,
@@ -231,7 +288,7 @@ def run_one(peer, ctx: PeerContext, workload: str, reqs, prompts, concurrency: i
             bar.close()
     info = RunInfo(workload=workload, model=ctx.model, peer=peer.name, mode=peer.mode, dtype=ctx.dtype,
                    threads=ctx.threads, concurrency=run.concurrency or concurrency, machine=machine,
-                   block_size=ctx.block_size, peer_detail=peer.detail())
+                   block_size=ctx.block_size, max_model_len=ctx.max_model_len, peer_detail=peer.detail())
     token_ids = {r.id: prompts[r.id].token_ids for r in reqs}
     ref = wl.reference_hit_rate(reqs) if workload == "agent" else None
     summary = summarize(info, run.results, wall_s=run.wall_s, peak_rss=run.peak_rss,
@@ -278,7 +335,7 @@ def _one_line(s: dict) -> str:
 
 def load_runs(out_dir: Path) -> list[dict]:
     """Every per-run JSON under ``out_dir/runs`` (to re-make reports without rerunning)."""
-    return [json.loads(p.read_text()) for p in sorted((out_dir / "runs").glob("*.json"))]
+    return [json.loads(p.read_text()) for p in sorted((out_dir / "runs").glob("*__*__*.json"))]
 
 
 def replace_config(cfg: wl.WorkloadConfig, **kw) -> wl.WorkloadConfig:

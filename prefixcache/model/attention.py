@@ -1,9 +1,14 @@
-"""Paged attention of one step (default mode): per sequence, the new queries against the
-sequence's context KV gathered through its page table, with
+"""Paged attention of one step (default mode): the new queries against each sequence's
+context KV gathered through its page table, with
 ``torch.nn.functional.scaled_dot_product_attention``.
 
-A step's mask plan is built once (on the device) and shared by every layer with the same
-sliding window.
+Decode tokens (one query each) of two or more sequences are batched: their page tables
+are padded to the longest, the pages gathered in one ``index_select`` per layer, and one
+SDPA call masks each row's keys beyond its context. Prefill chunks attend one sequence
+at a time (their shapes differ too much to pad cheaply).
+
+A step's plan (masks, padded page tables) is built once (on the device) and shared by
+every layer with the same sliding window.
 """
 from __future__ import annotations
 
@@ -34,13 +39,56 @@ class SeqAttention:
     mask: torch.Tensor | None
 
 
-def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.device
-                   ) -> list[SeqAttention]:
+@dataclass
+class DecodeGroup:
+    """Decode rows of several sequences attended in one batched call.
+
+    Attributes:
+        rows: int64 ``[B]`` query rows in the step.
+        page_table: int64 ``[B, P]`` page tables padded (with each row's first page) to
+            the longest, ``P`` pages.
+        mask: bool ``[B, 1, 1, P * block_size]``: True where the row attends.
+    """
+
+    rows: torch.Tensor
+    page_table: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
+class AttentionPlan:
+    seqs: list[SeqAttention]
+    decode: DecodeGroup | None = None
+
+
+def _plan_decode(seqs: list[SeqChunk], window: int | None, block_size: int,
+                 device: torch.device) -> DecodeGroup:
+    pages = max(len(s.page_table) for s in seqs)
+    table = torch.stack([torch.cat([s.page_table, s.page_table[:1].expand(pages - len(s.page_table))])
+                         for s in seqs])
+    ctx = torch.tensor([s.ctx_len for s in seqs], device=device).view(-1, 1)
+    k_pos = torch.arange(pages * block_size, device=device).view(1, -1)
+    mask = k_pos < ctx
+    if window is not None:
+        mask &= k_pos > ctx - 1 - window
+    rows = torch.tensor([s.q_start for s in seqs], device=device)
+    return DecodeGroup(rows, table, mask.view(len(seqs), 1, 1, -1))
+
+
+def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.device,
+                   block_size: int | None = None) -> AttentionPlan:
     """Masks of a step for layers with attention window ``window`` (tokens, or ``None``).
 
     The query at position ``p`` sees keys ``j`` with ``j <= p`` and, with a window,
-    ``j > p - window``.
+    ``j > p - window``. With ``block_size`` given, decode rows of two or more sequences
+    whose keys are not all new are batched (:class:`DecodeGroup`).
     """
+    decode = [s for s in seqs if s.q_len == 1 and s.ctx_len > 1]
+    group = None
+    if block_size is not None and len(decode) >= 2:
+        group = _plan_decode(decode, window, block_size, device)
+        batched = {id(s) for s in decode}
+        seqs = [s for s in seqs if id(s) not in batched]
     plans = []
     for s in seqs:
         first = s.ctx_len - s.q_len  # position of the first new token
@@ -55,11 +103,11 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
         if window is not None:
             mask &= k_pos > q_pos - window
         plans.append(SeqAttention(s, key_start, False, mask))
-    return plans
+    return AttentionPlan(plans, group)
 
 
 def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: KVPool,
-                    layer: int, plans: list[SeqAttention]) -> torch.Tensor:
+                    layer: int, plan: AttentionPlan) -> torch.Tensor:
     """Attention output ``[T, num_heads * head_dim]`` for queries ``q [T, num_heads,
     head_dim]`` (RoPE applied). The step's new KV (``k_new``/``v_new [T, kv_heads,
     head_dim]``) must already be written to ``kv``; a sequence whose keys are all new
@@ -67,8 +115,10 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads / kv_heads)``.
     """
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if plan.decode is not None:
+        _decode_attention(q, kv, layer, plan.decode, out)
     same_dtype = kv.k[layer].dtype == k_new.dtype
-    for p in plans:
+    for p in plan.seqs:
         s = p.seq
         rows = slice(s.q_start, s.q_start + s.q_len)
         fresh = s.ctx_len - s.q_len  # first position computed this step
@@ -85,3 +135,18 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
             attn_mask=p.mask, is_causal=p.causal, enable_gqa=True)
         out[rows] = o[0].transpose(0, 1)
     return out.flatten(1)
+
+
+def _decode_attention(q: torch.Tensor, kv: KVPool, layer: int, g: DecodeGroup,
+                      out: torch.Tensor) -> None:
+    """One SDPA call for a :class:`DecodeGroup`; writes its rows of ``out``."""
+    b, pages = g.page_table.shape
+    kh, vh = kv.k[layer], kv.v[layer]
+    flat = g.page_table.reshape(-1)
+    # [B * P, bs, kvh, d] -> [B, kvh, P * bs, d]
+    k = kh.index_select(0, flat).view(b, pages * kh.shape[1], kh.shape[2], kh.shape[3])
+    v = vh.index_select(0, flat).view(b, pages * vh.shape[1], vh.shape[2], vh.shape[3])
+    k, v = k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype)
+    o = F.scaled_dot_product_attention(q[g.rows].unsqueeze(2), k, v, attn_mask=g.mask,
+                                       enable_gqa=True)          # [B, heads, 1, d]
+    out[g.rows] = o.squeeze(2)

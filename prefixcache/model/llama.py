@@ -153,7 +153,7 @@ class PagedLlama(nn.Module):
     def _forward_default(self, batch: ForwardBatch, kv: KVPool, max_ctx: int) -> torch.Tensor:
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = self.rope.cos_sin(batch.positions, max_ctx - 1, self.dtype)
-        plans = {w: plan_attention(batch.seqs, w, self.device)
+        plans = {w: plan_attention(batch.seqs, w, self.device, kv.block_size)
                  for w in set(self.config.layer_sliding_windows)}
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, cos, sin)

@@ -49,7 +49,7 @@ def test_report_only_rebuilds_from_saved_runs(tmp_path):
     rs = [RequestResult(id="a", session="a", turn=0, group="g", tenant=None, warm_expected=False, prompt_tokens=10,
                         cached_tokens=0, output_tokens=2, send_time=0.0, first_token_time=0.5, end_time=0.6)]
     (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "x.json").write_text(json.dumps(summarize(info, rs, wall_s=1.0, peak_rss=None)))
+    (tmp_path / "runs" / "shared-prefix__prefixcache__offline.json").write_text(json.dumps(summarize(info, rs, wall_s=1.0, peak_rss=None)))
     assert cli.run(parse("--report-only", "--out", str(tmp_path))) == 0
     assert "shared-prefix" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "RESULTS.md").is_file()

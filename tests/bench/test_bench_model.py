@@ -63,3 +63,22 @@ def test_overlap_labels_for_unlabelled_requests():
                "d": Prompt(None, [3] * 10)}
     label_warm_by_overlap(reqs, prompts)
     assert [r.warm_expected for r in reqs] == [False, True, False, False]
+
+
+def test_transformers_peer_serves_serially_with_queueing(tiny_dir):
+    from prefixcache.bench.peers import PeerContext, make_peer
+    from prefixcache.bench.prompts import Prompt
+
+    peer = make_peer("transformers", "offline")
+    peer.start(PeerContext(model=str(tiny_dir), model_dir=tiny_dir, threads=1, eos_token_id=50256))
+    try:
+        reqs = [BenchRequest(id=f"b{i}", session=f"b{i}", max_tokens=3, warm_expected=False) for i in range(3)]
+        prompts = {r.id: Prompt(None, [15496, 995, 11, 262]) for r in reqs}
+        run = peer.run("cold-burst", reqs, prompts, concurrency=3, salt="s")
+    finally:
+        peer.stop()
+    res = sorted(run.results, key=lambda r: r.first_token_time)
+    assert [r.output_tokens for r in res] == [3, 3, 3] and all(r.error is None for r in res)
+    assert max(r.send_time for r in res) - min(r.send_time for r in res) < 0.05  # all sent at once
+    assert res[0].ttft < res[1].ttft < res[2].ttft  # served one after another
+    assert run.prefill_tokens_computed == 12 and run.concurrency is None

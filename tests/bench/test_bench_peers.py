@@ -166,3 +166,15 @@ def test_vllm_cache_salt_is_accepted_by_vllm():
     body = peer.extra_body(BenchRequest(id="r", session="r", tenant="tenant3"), "multi-tenant-0123456789ab")
     assert body == {"ignore_eos": True, "cache_salt": "multi-tenant-0123456789ab-tenant3"}
     assert peer.extra_body(BenchRequest(id="r", session="r"), "x")["cache_salt"] == "x-default"
+
+
+def test_llamacpp_serves_requests_fully_and_at_fixed_length(tmp_path):
+    peer = make_peer("llamacpp", "serving")
+    peer.gguf = tmp_path / "m.gguf"
+    c = ctx(tmp_path)
+    (c.peers_dir / "llamacpp" / "bin").mkdir(parents=True)
+    (c.peers_dir / "llamacpp" / "bin" / "python").touch()
+    argv, env = peer.command(c, 1234)
+    assert argv[argv.index("--interrupt_requests") + 1] == "false"  # else C > 1 truncates answers
+    assert argv[argv.index("--n_threads") + 1] == str(c.threads) == env["OMP_NUM_THREADS"]
+    assert peer.extra_body(BenchRequest(id="r", session="r", max_tokens=16), "salt") == {"min_tokens": 16}

@@ -154,3 +154,23 @@ def test_cuda_matches_transformers_and_stays_deterministic(models, tmp_path):
     det = [PagedRunner(ours.model, seed=s, deterministic=True).prefill(
         Seq(), ids, chunk=c, all_logits=True) for s, c in ((2, None), (3, 7))]
     assert torch.equal(det[0], det[1])
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral_window"])
+def test_batched_decode_of_unequal_sequences_matches(models, kind):
+    """Decode rows of sequences with different page counts share one padded SDPA call
+    (a prefill chunk rides along); each row's logits equal transformers' at its position."""
+    hf, ours = models[kind]
+    lens = [5, 17, 40, 33]  # 1, 2, 3 and 3 pages: padding with masked keys
+    ids = [prompt(n + 1, seed=20 + i) for i, n in enumerate(lens)]
+    cold = prompt(21, seed=30)
+    runner = PagedRunner(ours.model, seed=8)
+    seqs = [Seq() for _ in lens]
+    for s, x, n in zip(seqs, ids, lens):
+        runner.prefill(s, x[:n])
+    cold_seq = Seq()
+    out = runner.step([(s, x[n:]) for s, x, n in zip(seqs, ids, lens)] + [(cold_seq, cold)],
+                      all_logits=True)
+    for got, x, n in zip(out, ids, lens):
+        torch.testing.assert_close(got, hf_logits(hf, x)[n:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out[-1], hf_logits(hf, cold), atol=ATOL, rtol=0)

@@ -5,8 +5,9 @@ Installed by ``make peers`` into ``.peers/llamacpp`` (built from the sdist, unpa
 in that sdist (``vendor/llama.cpp/convert_hf_to_gguf.py`` with its ``conversion/`` and
 ``gguf-py/`` folders), at the run's dtype (f32 or bf16), under ``<work_dir>/gguf``.
 
-The server holds one model behind a lock (no concurrency across requests) and keeps one
-sequence of KV: a request reuses the longest common prefix with the previous request's
+The server holds one model behind a lock (no concurrency across requests; started with
+``--interrupt_requests false`` so a new request waits instead of cutting off the one
+being streamed) and keeps one sequence of KV: a request reuses the longest common prefix with the previous request's
 tokens. It reports no ``cached_tokens``; the bench reads the total reuse from its log
 lines ``Llama.generate: N prefix-match hit`` and reports it as the run's cached tokens.
 """
@@ -85,8 +86,16 @@ class LlamaCppPeer(ServerPeer):
         py = venv_python(ctx, "llamacpp", INSTALL_HINT)
         argv = [str(py), "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", SERVED_NAME,
                 "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(ctx.threads),
-                "--n_threads_batch", str(ctx.threads), "--n_ctx", str(ctx.max_model_len), "--verbose", "true"]
+                "--n_threads_batch", str(ctx.threads), "--n_ctx", str(ctx.max_model_len), "--verbose", "true",
+                # by default a new request interrupts the one being streamed: with a client at
+                # concurrency C > 1 every answer would stop after its first token
+                "--interrupt_requests", "false"]
         return argv, {"OMP_NUM_THREADS": str(ctx.threads)}
+
+    def extra_body(self, req, salt: str) -> dict:
+        # no ignore_eos here; its `min_tokens` suppresses EOS until then, so outputs are as
+        # long as the other peers'
+        return {"min_tokens": req.max_tokens}
 
     def run(self, workload, reqs, prompts, **kw) -> PeerRun:
         start = self.server.log_path.stat().st_size if self.server else 0

@@ -1,14 +1,19 @@
 """Hugging Face transformers ``generate``: one request at a time, no cache across requests.
 
 transformers has no server and no batching across requests, so this peer runs in
-process, serially (its recorded concurrency is 1), in session order. Output length is
-fixed like the other peers' (``min_new_tokens = max_new_tokens``, greedy). TTFT is the
-time from calling ``generate`` to the streamer receiving the first new token.
+process as a serial server behind a client at the run's concurrency: the client
+"sends" requests following the session scheduler, they queue, and ``generate`` serves
+them one at a time in arrival order. TTFT runs from the send to the streamer receiving
+the first new token, so it includes the queueing a serial server imposes (a cold burst
+of N waits for N prefills). Output length is fixed like the other peers'
+(``min_new_tokens = max_new_tokens``, greedy).
 """
 from __future__ import annotations
 
 import gc
 import time
+
+from collections import deque
 
 from prefixcache.bench.metrics import PeakRSS, RequestResult
 from prefixcache.bench.peers.base import Peer, PeerContext, PeerRun, PeerUnavailable, Progress
@@ -65,20 +70,23 @@ class TransformersPeer(Peer):
         import torch
 
         torch.set_num_threads(self.ctx.threads)
-        sched = SessionScheduler(reqs, 1, time_scale=time_scale)
+        sched = SessionScheduler(reqs, concurrency, time_scale=time_scale)
+        queue: deque = deque()
         mem = PeakRSS()
         mem.start()
         results = []
         t0 = time.perf_counter()
         while not sched.done:
-            r = sched.next_ready(time.perf_counter() - t0)
-            if r is None:
+            now = time.perf_counter() - t0
+            while (r := sched.next_ready(now)) is not None:
+                queue.append((r, now))
+            if not queue:
                 nxt = sched.next_arrival() or 0.0
                 time.sleep(max(0.0, min(0.5, nxt - (time.perf_counter() - t0))))
                 continue
+            r, send = queue.popleft()
             ids = prompts[r.id].token_ids
             streamer = _TimingStreamer()
-            send = time.perf_counter() - t0
             err, n_out = None, 0
             try:
                 with torch.inference_mode():
@@ -103,7 +111,7 @@ class TransformersPeer(Peer):
                 progress(res)
         wall = time.perf_counter() - t0
         computed = sum(r.prompt_tokens for r in results if r.error is None)
-        return PeerRun(results, wall, peak_rss=mem.stop(), prefill_tokens_computed=computed, concurrency=1)
+        return PeerRun(results, wall, peak_rss=mem.stop(), prefill_tokens_computed=computed)
 
     def stop(self) -> None:
         self.model = None
@@ -114,4 +122,4 @@ class TransformersPeer(Peer):
         import transformers
 
         return {"transformers": transformers.__version__, "torch": torch.__version__,
-                "torch_threads": torch.get_num_threads(), "serial": True}
+                "torch_threads": torch.get_num_threads(), "serving": "serial, in process (no server)"}
