@@ -307,6 +307,13 @@ def write_reports(summaries: list[dict], out_dir: Path, *, skipped=(), context: 
             "RESULTS.md": out_dir / "RESULTS.md", **{p.name: p for p in plots}}
 
 
+def _concurrency(summaries, mode: str, default) -> str:
+    """The concurrency the runs of ``mode`` used (cold-burst aside), e.g. ``"4"``."""
+    used = sorted({s["concurrency"] for s in summaries
+                   if s["mode"] == mode and s["workload"] != "cold-burst" and s["peer"] != "transformers"})
+    return "/".join(map(str, used)) if used else str(default)
+
+
 def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, skipped=(), context: dict,
                command: str | None) -> str:
     ctx = context
@@ -321,8 +328,9 @@ def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, s
              + (f"; weights sha256 `{ctx['model_sha256']}`, the same file for every peer (llama.cpp: converted "
                 "to GGUF at the same dtype)" if ctx.get("model_sha256") else ""),
              f"- dtype: {ctx.get('dtype', first.get('dtype'))}; threads per peer: {ctx.get('threads', first.get('threads'))}; "
-             f"concurrency: serving {ctx.get('concurrency', first.get('concurrency'))}, offline "
-             f"{ctx.get('offline_concurrency', 1)} (cold-burst: all at once; transformers: serial)",
+             f"concurrency: serving {_concurrency(summaries, 'serving', ctx.get('concurrency'))}, offline "
+             f"{_concurrency(summaries, 'offline', ctx.get('offline_concurrency', 1))} "
+             "(cold-burst: all at once; transformers: serial)",
              f"- machine: {ctx.get('machine', first.get('machine'))}"
              + (f"; its 1-minute load average during the runs: {min(loads):.1f}–{max(loads):.1f} "
                 "(other work on the machine slows every peer)" if loads else ""),
