@@ -19,7 +19,7 @@ demo: $(BIN)/prefixcache
 	$(BIN)/prefixcache demo
 
 test: $(BIN)/prefixcache
-	$(BIN)/python -m pytest tests
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest tests
 
 bench: $(BIN)/prefixcache
 	$(BIN)/prefixcache bench --workload all --out benchmarks

@@ -276,7 +276,7 @@ def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, pea
     )
     if d["ttft_cold_p50_s"] and d["ttft_warm_p50_s"]:
         d["ttft_cold_over_warm"] = d["ttft_cold_p50_s"] / d["ttft_warm_p50_s"]
-    if info.workload == "multi-tenant":
+    if info.workload == "multi-tenant" or len({r.tenant for r in ok}) > 1:
         if token_ids is not None and reports_cached:
             d["cross_tenant_hits"], d["cross_tenant_tokens"] = cross_tenant_hits(ok, token_ids, info.block_size)
         else:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prefixcache.model.attention import paged_attention, plan_attention
+from prefixcache.model.packed_linear import PackedLinear
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kv_pool import KVPool
@@ -123,6 +124,7 @@ class PagedLlama(nn.Module):
             config.vocab_size, config.hidden_size, **kw)
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
                                     self.device)
+        self._lm_head = PackedLinear(self.lm_head)
 
     def new_kv_pool(self, num_pages: int, block_size: int = 16) -> KVPool:
         """A zeroed :class:`KVPool` matching this model's geometry, dtype and device."""
@@ -164,4 +166,4 @@ class PagedLlama(nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``."""
-        return F.linear(rms_norm(x, self.norm, self.config.rms_norm_eps), self.lm_head).float()
+        return self._lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps)).float()
