@@ -128,7 +128,7 @@ def goals(summaries: list[dict]) -> list[Goal]:
         if ours and v:
             out.append(Goal(f"{wname} serving: TTFT p50 vs vLLM-CPU", "≤ vLLM",
                             f"{ours['ttft_p50_s'] * 1e3:.0f} ms vs {v['ttft_p50_s'] * 1e3:.0f} ms "
-                            f"({v['ttft_p50_s'] / ours['ttft_p50_s']:.2f}× faster)" if ours["ttft_p50_s"] else "–",
+                            f"({_speed(v['ttft_p50_s'] / ours['ttft_p50_s'])})" if ours["ttft_p50_s"] else "–",
                             "met" if ours["ttft_p50_s"] <= v["ttft_p50_s"] else "missed"))
         else:
             out.append(Goal(f"{wname} serving: TTFT p50 vs vLLM-CPU", "≤ vLLM",
@@ -305,6 +305,11 @@ def write_reports(summaries: list[dict], out_dir: Path, *, skipped=(), context: 
                                                    context=context or {}, command=command))
     return {"results.jsonl": out_dir / "results.jsonl", "results.md": out_dir / "results.md",
             "RESULTS.md": out_dir / "RESULTS.md", **{p.name: p for p in plots}}
+
+
+def _speed(ratio: float) -> str:
+    """``peer / ours`` latency as words: "1.17× faster" or "1.21× slower"."""
+    return f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 / ratio:.2f}× slower"
 
 
 def _concurrency(summaries, mode: str, default) -> str:
