@@ -87,9 +87,14 @@ def test_summary_has_the_documented_keys():
     assert s["requests_per_s"] == 0.75 and s["output_tok_s"] == 3.0 and s["peak_rss_mib"] == 1024
     assert s["warm_hit_rate"] == pytest.approx(0.96)
     json.dumps(s)  # serialisable
-    other = m.summarize(m.RunInfo(**{**info.__dict__, "workload": "agent"}), rs, wall_s=1.0, peak_rss=None,
-                        reference_hit_rate=0.9)
+    one_tenant = [r for r in rs if r.tenant == "t0"]
+    other = m.summarize(m.RunInfo(**{**info.__dict__, "workload": "agent"}), one_tenant, wall_s=1.0,
+                        peak_rss=None, reference_hit_rate=0.9)
     assert "cross_tenant_hits" not in other and other["reference_hit_rate"] == 0.9
+    # any run with several tenants (a replayed log) is checked for cross-tenant hits too
+    replay = m.summarize(m.RunInfo(**{**info.__dict__, "workload": "replay"}), rs, wall_s=1.0, peak_rss=None,
+                         token_ids=ids)
+    assert replay["cross_tenant_hits"] == 0
 
 
 def test_summary_without_cached_reports():
