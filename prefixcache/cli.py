@@ -41,9 +41,16 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand. A user error (a bad parameter, a missing file or data folder:
+    ``ValueError``, ``OSError``) prints one line, ``prefixcache CMD: error: ...``, and
+    returns 2, as argparse does; anything else is a bug and keeps its traceback."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, OSError) as exc:
+        print(f"prefixcache {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ error object with ``param`` set.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 16
@@ -70,6 +71,11 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         _check(self.n == 1, "n", f"only n=1 is supported, got {self.n}")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            v = getattr(self, name)
+            _check(isinstance(v, (int, float)) and math.isfinite(v), name,
+                   f"must be a finite number, got {v!r}")
         _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.top_k >= -1, "top_k", f"must be -1, 0 or positive, got {self.top_k}")
@@ -77,6 +83,8 @@ class SamplingParams:
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
                f"must be at least 1, got {self.max_tokens}")
         _check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+               f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         _check(len(self.stop) <= MAX_STOP_STRINGS, "stop",
                f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop",

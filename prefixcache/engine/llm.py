@@ -39,6 +39,8 @@ class LLM:
 
     def _prompt_ids(self, prompt: PromptType) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
+            if not prompt:
+                raise ParamError("prompt", "the prompt is empty")
             if self.tokenizer is None:
                 raise ParamError("prompt", "this model has no tokenizer; pass prompt_token_ids")
             return self.tokenizer.encode(prompt), prompt

@@ -61,6 +61,9 @@ def test_bad_line_names_its_number(write_jsonl):
     path = write_jsonl([CHAT, {"nothing": 1}])
     with pytest.raises(LogFormatError, match=r":2: no 'messages'"):
         load_log(path)
+    path = write_jsonl([CHAT, CHAT, {"messages": "hello"}], "str.jsonl")
+    with pytest.raises(LogFormatError, match=r":3: 'messages' must be a list"):
+        load_log(path)
 
 
 def test_duplicate_ids_and_timestamp_order(write_jsonl, tmp_path):

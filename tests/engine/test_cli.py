@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from prefixcache import LLM, SamplingParams
 from prefixcache.cli import main
+from prefixcache.sampling_params import ParamError
 
 
 def test_generate_json_matches_the_offline_api(capsys):
@@ -23,3 +26,23 @@ def test_demo_shows_hits_and_one_prefill_for_the_burst(capsys):
     assert "hit rate" in out and "warm 7" in out
     # 520-token prompts: the leader computes 520, each follower only its last 8 tokens
     assert "burst of 3 identical cold requests (520 tokens each): 536 prefill tokens" in out
+
+
+def test_user_errors_print_one_line_and_exit_2(capsys, tmp_path):
+    assert main(["generate", "--max-tokens", "0", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prefixcache generate: error: max_tokens: must be at least 1")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["generate", "--model", str(tmp_path / "missing"), "x"]) == 2
+    assert str(tmp_path / "missing") in capsys.readouterr().err
+
+
+def test_empty_text_prompt_and_kv_pool_limit_are_named():
+    llm = LLM("builtin:tiny", num_pages=40, block_size=16, max_model_len=1024)
+    with pytest.raises(ParamError) as e:
+        llm.generate([""], SamplingParams(max_tokens=2))
+    assert e.value.param == "prompt" and "empty" in str(e.value)
+    with pytest.raises(ParamError) as e:
+        llm.generate([{"prompt_token_ids": [5] * 700}], SamplingParams(max_tokens=2))
+    assert "the KV pool allows 640 tokens (40 pages of 16 tokens" in str(e.value)
+    assert llm.stats()["pages_live"] == 0

@@ -127,6 +127,9 @@ def test_prompt_logprobs_do_not_read_the_cache_but_publish(llm, llama):
     (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
     (dict(max_tokens=0), "max_tokens"), (dict(n=2), "n"), (dict(stop=["x"] * 17), "stop"),
     (dict(logprobs=21), "logprobs"), (dict(top_k=-2), "top_k"),
+    (dict(temperature=float("inf")), "temperature"), (dict(top_p=float("nan")), "top_p"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+    (dict(min_tokens=10, max_tokens=2), "min_tokens"),
 ])
 def test_bad_params_name_the_parameter(kw, param):
     with pytest.raises(ParamError) as e:

@@ -117,7 +117,9 @@ def parse_record(record: dict, default_id: str, source: str = "") -> list[Reques
         response=response_message(resp), usage=_usage_of(record, resp))
     tools = body.get("tools") if isinstance(body.get("tools"), list) else None
     if "messages" in body:
-        msgs = clean_messages(body.get("messages") or [])
+        if not isinstance(body["messages"], list):
+            raise LogFormatError("'messages' must be a list of message objects")
+        msgs = clean_messages(body["messages"])
         turn = record.get("turn")
         turn = int(turn) if isinstance(turn, int) else count_assistant(msgs)
         return [Request(request_id=str(rid), messages=msgs, tools=tools, turn=turn,
