@@ -370,10 +370,12 @@ class OpenAIServing:
                         sent_tokens[idx] = len(comp.token_ids)
                         sent_text[idx] = max(t0, len(visible))
                         usage = _usage([out]) if prep.continuous_usage else None
-                        if chat and first:
+                        if chat and first:  # the role chunk carries no token yet
+                            role_usage = usage and {**usage, "completion_tokens": 0,
+                                                    "total_tokens": usage["prompt_tokens"]}
                             yield _sse(self._chunk(head, prep, {
                                 "index": idx, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None}, usage))
+                                "logprobs": None, "finish_reason": None}, role_usage))
                         lp = None
                         if prep.logprobs is not None and comp.logprobs is not None:
                             new_lps = comp.logprobs[n0:]

@@ -86,6 +86,21 @@ def test_streaming_usage_is_identical_in_every_chunk(client):
     assert counts == sorted(counts)
 
 
+def test_chat_continuous_usage_counts_tokens_sent(client):
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": unique_prompt(8)}], max_tokens=5,
+        temperature=0, stream=True, extra_body=IGNORE_EOS,
+        stream_options={"include_usage": True, "continuous_usage_stats": True})
+    chunks = list(stream)
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert chunks[0].choices[0].delta.role == "assistant" and counts[0] == 0
+    token_chunks = counts[1:-1]  # then one chunk per delivery of new tokens
+    assert token_chunks == sorted(set(token_chunks)) and token_chunks[0] >= 1
+    assert token_chunks[-1] == counts[-1] == 5
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+               for c in chunks)
+
+
 def test_stream_without_usage_has_no_usage_chunk(client):
     stream = client.completions.create(model="tiny", prompt=unique_prompt(), max_tokens=3,
                                        stream=True, extra_body=IGNORE_EOS)
