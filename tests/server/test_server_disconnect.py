@@ -84,12 +84,17 @@ def test_non_streaming_client_timeout_frees_pages(server):
     assert _aborts(after) == _aborts(before) + 1
 
 
+N_OUT = 400
+
+
 def test_reset_during_stream_does_not_corrupt_it(server):
     """Reset while a stream runs, with another request allocating pages meanwhile: the
     stream's tokens and logprobs equal those of an identical run without reset."""
     c = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0)
     prompt = unique_prompt(60)
-    kw = dict(model="tiny", prompt=prompt, max_tokens=24, temperature=0, logprobs=0,
+    # long enough that the stream is surely still running when its third chunk arrives
+    # (the reset must find its pages in use), however slowly this client is scheduled
+    kw = dict(model="tiny", prompt=prompt, max_tokens=N_OUT, temperature=0, logprobs=0,
               stream=True, extra_body={"ignore_eos": True},
               stream_options={"include_usage": True})
 
@@ -117,7 +122,7 @@ def test_reset_during_stream_does_not_corrupt_it(server):
     assert report["kept_in_use_pages"] > 0       # the stream's pages were kept
     assert report["dropped_pages"] >= 0
     assert usage.prompt_tokens_details.cached_tokens == ref_usage.prompt_tokens_details.cached_tokens > 0
-    assert usage.completion_tokens == 24
+    assert usage.completion_tokens == N_OUT
     assert tokens == ref_tokens
     assert lps == pytest.approx(ref_lps, abs=1e-3)
     m = server.wait_idle()
