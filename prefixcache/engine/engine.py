@@ -68,10 +68,12 @@ class LLMEngine:
         num_pages = config.num_pages or max(2, config.kv_cache_bytes // (per_token * bs))
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, num_pages * bs)
-        # what limits the context, for error messages
-        self._context_limit = ("the KV pool" if self.max_model_len == num_pages * bs
-                               and num_pages * bs < (config.max_model_len or mc.max_position_embeddings)
-                               else "this model's maximum context length")
+        # what limits the context, named in error messages
+        self._context_limit = (
+            f"the KV pool allows {self.max_model_len} tokens ({num_pages} pages of {bs} tokens; "
+            "raise num_pages or kv_cache_bytes)" if num_pages * bs < min(
+                config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+            else f"the maximum context length (max_model_len) is {self.max_model_len} tokens")
         # Sliding-window layers are masked exactly over the full KV (model/attention.py),
         # so a cached prefix gives the same output as a cold prefill: caching stays on.
         caching = config.enable_prefix_caching
@@ -105,20 +107,11 @@ class LLMEngine:
             raise ParamError("stop_token_ids", f"token id {bad[0]} is outside the vocabulary")
         n = len(prompt_token_ids)
         if n >= self.max_model_len:
-            raise ParamError("prompt", f"the prompt has {n} tokens; {self._context_limit} "
-                             f"allows {self.max_model_len} tokens ({self._limit_hint()}), "
+            raise ParamError("prompt", f"the prompt has {n} tokens; {self._context_limit}, "
                              "leaving no room for output")
         if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
             raise ParamError("max_tokens", f"max_tokens={params.max_tokens} plus the prompt's "
-                             f"{n} tokens exceeds the {self.max_model_len} tokens "
-                             f"{self._context_limit} allows ({self._limit_hint()})")
-
-    def _limit_hint(self) -> str:
-        if self._context_limit == "the KV pool":
-            return (f"{self.kv.num_pages} pages of {self.kv.block_size} tokens; raise num_pages "
-                    "or kv_cache_bytes")
-        return "max_model_len"
-
+                             f"{n} tokens is too long: {self._context_limit}")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, *, prompt: str | None = None,

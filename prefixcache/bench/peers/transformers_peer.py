@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import time
-
 from collections import deque
 
 from prefixcache.bench.metrics import PeakRSS, RequestResult
