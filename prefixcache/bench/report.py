@@ -347,11 +347,17 @@ def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, s
     details = {}
     for s in summaries:
         details.setdefault(label(s), s.get("peer_detail") or {})
+    measured: dict[str, list[str]] = {}
+    for s in summaries:
+        if s.get("measured_at"):
+            measured.setdefault(label(s), []).append(s["measured_at"])
     if details:
         lines += ["Peers:", ""]
         for name, d in details.items():
             short = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in d.items() if k != "command"}
-            lines.append(f"- {name}: " + ", ".join(f"{k}={v}" for k, v in short.items()))
+            when = measured.get(name)
+            lines.append(f"- {name}: " + ", ".join(f"{k}={v}" for k, v in short.items())
+                         + (f"; measured {min(when)} to {max(when)}" if when else ""))
         lines.append("")
     if skipped:
         lines += ["Skipped:", ""] + [f"- {s.peer} ({s.mode}): {s.reason.splitlines()[0]}" for s in skipped] + [""]

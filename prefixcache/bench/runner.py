@@ -298,6 +298,8 @@ def run_one(peer, ctx: PeerContext, workload: str, reqs, prompts, concurrency: i
     # the machine's 1-minute load average before and after: other work on the machine
     # slows every peer, and this shows whether it did
     summary["load_average_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    # when it was measured: a report can combine runs of several invocations (OUT/runs)
+    summary["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return summary
 
 

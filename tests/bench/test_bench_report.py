@@ -74,3 +74,16 @@ def test_hit_rate_by_turn():
             {"turn": 2, "cached_tokens": 1, "prompt_tokens": 1, "error": "x"}]
     assert report.hit_rate_by_turn(rows) == {0: 0.0, 1: 0.8}
     assert report.hit_rate_by_turn(rows, reference=True) == {0: 0.64}
+
+
+def test_results_say_when_each_peer_was_measured(tmp_path):
+    s = summaries()
+    for x in s:
+        x["peer_detail"] = {"engine": x["peer"]}
+        x["measured_at"] = "2026-11-30 11:40 UTC" if x["peer"] == "vllm" else "2026-11-30 10:20 UTC"
+    s[0]["measured_at"] = "2026-11-30 10:05 UTC"
+    report.write_reports(s, tmp_path, context={"machine": "test box"})
+    md = (tmp_path / "RESULTS.md").read_text()
+    assert "- vllm (serving): engine=vllm; measured 2026-11-30 11:40 UTC to 2026-11-30 11:40 UTC" in md
+    assert ("- prefixcache (offline): engine=prefixcache; measured 2026-11-30 10:05 UTC to "
+            "2026-11-30 10:20 UTC") in md
