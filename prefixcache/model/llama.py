@@ -110,8 +110,6 @@ class PagedLlama(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32):
         super().__init__()
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
