@@ -240,13 +240,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
     if args.model == DEFAULT_MODEL:
         model_dir, model_name = bench_model_dir(Path(args.model_cache)), DEFAULT_MODEL_NAME
     else:
         model_dir, model_name = Path(args.model), args.model
         if not (model_dir / "config.json").is_file():
             raise FileNotFoundError(f"--model: no config.json in {model_dir}")
+    torch.set_num_threads(args.threads)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / "engine.json"
