@@ -50,7 +50,10 @@ def _dest(flag: str) -> str:
 
 
 def _default(f: dataclasses.Field) -> Any:
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    factory = f.default_factory  # every EngineConfig field has a default or a factory
+    return factory() if callable(factory) else None
 
 
 def _help(f: dataclasses.Field, default: Any, unit: str) -> str:
