@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from prefixcache.config import DTYPES, EngineConfig, dtype_name
+from prefixcache.config import EngineConfig, dtype_name
 
 GIB = 1 << 30
 
@@ -92,6 +92,8 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
+            if default:  # a switch can only turn a False default on
+                raise ValueError(f"defaults: {f.name} has no --no- flag; add it to _NEGATED")
             parser.add_argument(flag, dest=f.name, action="store_true", default=default,
                                 help=f.metadata["help"])
             continue
@@ -140,4 +142,4 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> EngineConfig
     return EngineConfig(**kwargs)
 
 
-__all__ = ["DTYPES", "add_engine_args", "config_from_args", "engine_fields"]
+__all__ = ["add_engine_args", "config_from_args", "engine_fields"]

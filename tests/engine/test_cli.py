@@ -138,3 +138,17 @@ def test_a_broken_subcommand_import_shows_its_error(tmp_path, monkeypatch):
         build_parser(["--help"])  # listing every subcommand imports them all
     # another subcommand still runs: the broken one is listed, not loaded
     assert build_parser(["generate"]).parse_args(["generate", "x"]).prompts == ["x"]
+
+
+def test_add_engine_args_names_unknown_fields():
+    from prefixcache.engine.args import add_engine_args
+
+    with pytest.raises(ValueError, match=r"^include: no engine flag for \['shuffle_seed'\]"):
+        add_engine_args(argparse.ArgumentParser(), include=("dtype", "shuffle_seed"))
+    with pytest.raises(ValueError, match=r"^defaults: no engine flag for \['nope'\]"):
+        add_engine_args(argparse.ArgumentParser(), defaults={"nope": 1})
+    with pytest.raises(ValueError, match="^defaults: deterministic has no --no- flag"):
+        add_engine_args(argparse.ArgumentParser(), defaults={"deterministic": True})
+    p = argparse.ArgumentParser()
+    add_engine_args(p, include=("block_size",), defaults={"block_size": 32})
+    assert vars(p.parse_args([])) == {"block_size": 32}
