@@ -220,3 +220,13 @@ def test_from_dir_reads_model_max_length(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="tokenizer_config.json is not a JSON object"):
         ModelConfig.from_dir(tmp_path)
+
+
+def test_context_check_needs_only_the_model_config():
+    """As a GGUF loader builds it: ``context_length`` metadata in max_position_embeddings."""
+    c = ModelConfig(architecture="LlamaForCausalLM", hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
+                    head_dim=64, vocab_size=49152, max_position_embeddings=8192)
+    assert c.context_length == 8192 and c.check_max_model_len(None) == 8192
+    with pytest.raises(ValueError, match=r"^max_model_len: 8193 tokens .* 8192 tokens"):
+        c.check_max_model_len(8193)
