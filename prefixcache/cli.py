@@ -1,7 +1,8 @@
 """``prefixcache generate | serve | bench | bench-cache | analyze | demo``.
 
 Each subcommand lives in its own package and is imported only when used, so
-``prefixcache analyze`` never loads torch models and ``--help`` is instant.
+``prefixcache analyze`` never loads torch models. Engine flags are the same in every
+command that builds an engine (``prefixcache/engine/args.py``).
 """
 from __future__ import annotations
 
@@ -29,12 +30,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         if wanted in SUBCOMMANDS and name != wanted:
             sub.add_parser(name)  # listed, not loaded
             continue
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("prefixcache"):
-                continue  # subcommand not built yet
-            raise
+        mod = importlib.import_module(module)  # a broken import shows its traceback
         p = mod.add_parser(sub)
         p.set_defaults(_run=mod.run)
     return parser

@@ -1,20 +1,70 @@
-"""Engine configuration: one dataclass, validated, with the field's standard names."""
+"""Engine configuration: one dataclass, validated, with the fields' standard names.
+
+This is the one definition of the engine's options: ``LLM(**kwargs)`` takes these fields,
+and every command line (``generate``, ``demo``, ``serve``, ``bench``) builds its engine
+flags from them (``prefixcache/engine/args.py``). It also holds the one dtype table.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-          "half": torch.float16, "float": torch.float32}
+# The one dtype table: every alias a user may write, to the torch dtype it means.
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16",
+                                       torch.float16: "float16"}
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when num_pages is not given
+# The page-hash root seed when PREFIXCACHE_HASH_SEED is unset; equal to
+# prefixcache.cache.hashing.DEFAULT_ROOT_SEED (a test checks it).
+DEFAULT_HASH_ROOT_SEED = "prefixcache/v1"
+HASH_SEED_ENV = "PREFIXCACHE_HASH_SEED"
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype of a name or alias in :data:`DTYPES`, or of a supported
+    ``torch.dtype`` (float32, bfloat16, float16).
+
+    Raises:
+        ValueError: anything else (the message names ``dtype`` and the accepted names).
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPE_NAMES:
+            return dtype
+    elif isinstance(dtype, str) and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()]
+    raise ValueError(f"dtype: unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """The canonical name (``"float32"``, ``"bfloat16"``, ``"float16"``) of a dtype or
+    alias. Raises ValueError as :func:`resolve_dtype`."""
+    return DTYPE_NAMES[resolve_dtype(dtype)]
+
+
+def hash_root_seed_from_env() -> str:
+    """``$PREFIXCACHE_HASH_SEED``, or :data:`DEFAULT_HASH_ROOT_SEED` when unset or empty.
+    The one place the environment reaches the cache keys."""
+    return os.environ.get(HASH_SEED_ENV) or DEFAULT_HASH_ROOT_SEED
+
+
+def _opt(help: str, unit: str = "", default: str | None = None, **meta) -> dict:
+    """Field metadata read by ``engine/args.py``: the flag's help text, unit, and the
+    wording of a default that is not a plain value."""
+    return {"help": help, "unit": unit, "default_text": default, **meta}
 
 
 @dataclass
 class EngineConfig:
     """Everything the engine needs to know besides the requests.
+
+    Each field's ``metadata`` holds its command-line help and unit.
 
     Attributes:
         model: a Hugging Face model directory, or ``"builtin:tiny"``.
@@ -24,10 +74,15 @@ class EngineConfig:
         max_num_batched_tokens: token budget of one step (prefill chunks + decodes).
         max_num_seqs: most requests running at once.
         max_model_len: longest sequence (prompt + output, tokens); ``None`` takes the
-            model's ``max_position_embeddings``, capped by the pool's capacity.
+            model's context length (``ModelConfig.context_length``), capped by the pool's
+            capacity. A larger value than the model's is refused unless
+            ``allow_long_context``.
+        allow_long_context: accept ``max_model_len`` above the model's context length
+            (logs a warning; output quality past it is not guaranteed).
         enable_prefix_caching: reuse published pages across requests.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
-        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        dtype: a name or alias in :data:`DTYPES`; stored as its canonical name
+            (``"float32"``, ``"bfloat16"``, ``"float16"``); ``torch_dtype`` is the resolved one.
         deterministic: batch-invariant arithmetic; cold and warm runs are bit-identical.
         seed: seed of the engine's generator (unseeded sampling).
         shuffle_seed: start the page free list shuffled (non-contiguous pages; tests).
@@ -35,29 +90,55 @@ class EngineConfig:
             cached counts as having arrived, when ordering the waiting queue. A cold
             request is passed only by requests that arrived less than this after it,
             which bounds its extra wait (aging). ``0`` gives first-come-first-served.
-        hash_root_seed: root seed of page hashes (default: see ``cache/hashing.py``).
+        hash_root_seed: root seed of page hashes; defaults to ``$PREFIXCACHE_HASH_SEED``
+            or :data:`DEFAULT_HASH_ROOT_SEED`, read when the config is built, so the
+            config alone determines the cache keys.
         max_waiting_requests: admission limit of the waiting queue (server answers
             429 beyond it); ``None`` for unbounded.
-        num_threads: torch intra-op threads; ``None`` leaves torch's default.
+        num_threads: torch intra-op threads, set process-wide when the engine is built;
+            ``None`` leaves torch's setting alone (no global side effect).
+
+    Raises:
+        ValueError: a field out of range; the message starts with the field's name.
     """
 
-    model: str = "builtin:tiny"
-    block_size: int = 16
-    num_pages: int | None = None
-    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    device: str = "cpu"
-    dtype: str = "float32"
-    deterministic: bool = False
-    seed: int = 0
-    shuffle_seed: int | None = None
-    cache_aware_window_s: float = 0.5
-    hash_root_seed: str | None = None
-    max_waiting_requests: int | None = None
-    num_threads: int | None = None
+    model: str = field(default="builtin:tiny", metadata=_opt(
+        "Hugging Face model directory, or builtin:tiny"))
+    block_size: int = field(default=16, metadata=_opt("KV page size", "tokens"))
+    num_pages: int | None = field(default=None, metadata=_opt(
+        "KV pool size", "pages", default="from --kv-cache-gib"))
+    kv_cache_bytes: int = field(default=DEFAULT_KV_CACHE_BYTES, metadata=_opt(
+        "KV pool memory when --num-pages is not given", "bytes"))
+    max_num_batched_tokens: int = field(default=2048, metadata=_opt(
+        "token budget of one step (prefill chunks + decodes)", "tokens"))
+    max_num_seqs: int = field(default=64, metadata=_opt("most requests running at once",
+                                                        "requests"))
+    max_model_len: int | None = field(default=None, metadata=_opt(
+        "longest prompt + output", "tokens", default="the model's context length"))
+    allow_long_context: bool = field(default=False, metadata=_opt(
+        "accept --max-model-len above the model's context length (logs a warning)"))
+    enable_prefix_caching: bool = field(default=True, metadata=_opt(
+        "reuse published KV pages across requests"))
+    device: str = field(default="cpu", metadata=_opt("cpu, cuda or cuda:N"))
+    dtype: str = field(default="float32", metadata=_opt(
+        "weights and KV dtype: " + ", ".join(DTYPES)))
+    deterministic: bool = field(default=False, metadata=_opt(
+        "batch-invariant arithmetic: cold and warm runs are bit-identical"))
+    seed: int = field(default=0, metadata=_opt("seed of the engine's generator "
+                                               "(requests without their own seed)"))
+    shuffle_seed: int | None = field(default=None, metadata=_opt(
+        "start the page free list shuffled (tests)", cli=False))
+    cache_aware_window_s: float = field(default=0.5, metadata=_opt(
+        "head start of a fully cached request in the waiting queue (0: FCFS)", "seconds"))
+    hash_root_seed: str = field(default_factory=hash_root_seed_from_env, metadata=_opt(
+        "page-hash root seed (prefer the environment variable: flags show in ps)",
+        default=f"${HASH_SEED_ENV}, else {DEFAULT_HASH_ROOT_SEED!r}"))
+    max_waiting_requests: int | None = field(default=None, metadata=_opt(
+        "waiting-queue limit; beyond it the server answers 429", "requests",
+        default="unbounded"))
+    num_threads: int | None = field(default=None, metadata=_opt(
+        "torch intra-op CPU threads, set process-wide", "threads",
+        default="torch's own setting"))
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, msg: str) -> None:
@@ -73,8 +154,14 @@ class EngineConfig:
         need(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
              "must be >= 2")
-        need(self.dtype in DTYPES, "dtype", f"must be one of {sorted(set(DTYPES))}")
+        self.dtype = dtype_name(self.dtype)
         need(self.cache_aware_window_s >= 0, "cache_aware_window_s", "must be >= 0")
+        need(self.max_waiting_requests is None or self.max_waiting_requests >= 0,
+             "max_waiting_requests", f"must be >= 0, got {self.max_waiting_requests}")
+        need(self.num_threads is None or self.num_threads >= 1, "num_threads",
+             f"must be >= 1, got {self.num_threads}")
+        need(isinstance(self.hash_root_seed, str) and bool(self.hash_root_seed),
+             "hash_root_seed", "must be a non-empty string")
         try:
             torch.device(self.device)
         except RuntimeError as exc:
@@ -82,4 +169,5 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """``dtype`` resolved through :data:`DTYPES` (the one resolution of the setting)."""
         return DTYPES[self.dtype]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from prefixcache.bench.runner import default_threads
 from prefixcache.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS, WorkloadConfig
+from prefixcache.engine.args import GIB, add_engine_args
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -62,9 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=default_threads(),
                    help="compute threads for every peer (default: all CPUs but one, which serves the front "
                         f"ends and the client; here {default_threads()})")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    g.add_argument("--block-size", type=int, default=16, help="our page size in tokens")
-    g.add_argument("--kv-cache-gib", type=float, default=2.0, help="KV pool per engine (ours, vLLM)")
+    # the engine's own flags, as in generate/serve (KV pool: per engine, ours and vLLM)
+    add_engine_args(g, include=("dtype", "block_size", "kv_cache_bytes"),
+                    defaults={"kv_cache_bytes": 2 * GIB})
     g.add_argument("--api", default="completions", choices=["completions", "chat"],
                    help="serving endpoint: completions (prompt rendered by the bench, default) or chat")
     g.add_argument("--time-scale", type=float, default=1.0,
@@ -78,7 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "~/.cache/prefixcache/bench-scratch)")
     g = p.add_argument_group("sizes (defaults fit a 2-core CPU; raise them to scale up)")
     g.add_argument("--max-tokens", type=int, default=d.max_tokens, help="output tokens per request")
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--workload-seed", type=int, default=d.seed,
+                   help=f"seed of the workloads' shuffles (--seed is the engine's); default {d.seed}")
     g.add_argument("--num-prefixes", type=int, default=d.num_prefixes, help="shared-prefix: system prompts")
     g.add_argument("--questions-per-prefix", type=int, default=d.questions_per_prefix,
                    help="shared-prefix: questions per system prompt")
@@ -103,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def workload_config(args) -> WorkloadConfig:
     lo, _, hi = args.prefix_chars.partition(":")
     return WorkloadConfig(
-        seed=args.seed, max_tokens=args.max_tokens, num_prefixes=args.num_prefixes,
+        seed=args.workload_seed, max_tokens=args.max_tokens, num_prefixes=args.num_prefixes,
         questions_per_prefix=args.questions_per_prefix, prefix_min_chars=int(lo), prefix_max_chars=int(hi or lo),
         fewshot_questions=args.fewshot_questions, oasst_conversations=args.oasst_conversations,
         glaive_conversations=args.glaive_conversations, agent_sources=tuple(args.agent_sources),

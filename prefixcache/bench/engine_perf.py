@@ -28,6 +28,10 @@ from pathlib import Path
 
 import torch
 
+from prefixcache.engine.args import add_engine_args
+
+DEFAULT_MODEL = "llama-60m-random"
+DEFAULT_MODEL_NAME = "Llama ~60M random (hidden 512, 8 layers, 8/4 heads, 1408, vocab 32000)"
 BENCH_CONFIG = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
                     num_attention_heads=8, num_key_value_heads=4, vocab_size=32000,
                     max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False)
@@ -37,7 +41,7 @@ def bench_model_dir(root: Path) -> Path:
     """Save (once) the random-weight ~60M Llama used by these benchmarks."""
     import transformers
 
-    path = root / "llama-60m-random"
+    path = root / DEFAULT_MODEL
     if not (path / "config.json").exists():
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**BENCH_CONFIG))
@@ -58,6 +62,11 @@ def _tokens(n: int, seed: int, vocab: int = 32000) -> list[int]:
     return torch.randint(10, vocab, (n,), generator=g).tolist()
 
 
+def _vocab_size(model_dir: Path) -> int:
+    """Token ids drawn for prompts stay below this (32000, or a smaller model's vocab)."""
+    return min(32000, int(json.loads((model_dir / "config.json").read_text())["vocab_size"]))
+
+
 def suite_prefill(model_dir: Path, dtype: str, repeats: int) -> dict:
     import transformers
 
@@ -66,9 +75,10 @@ def suite_prefill(model_dir: Path, dtype: str, repeats: int) -> dict:
     one = SamplingParams(max_tokens=1, temperature=0.0)
     cold_llm = LLM(str(model_dir), dtype=dtype, num_pages=512, enable_prefix_caching=False)
     warm_llm = LLM(str(model_dir), dtype=dtype, num_pages=2048)
-    hf = transformers.LlamaForCausalLM.from_pretrained(
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=getattr(torch, dtype)).eval()
-    prompt = _tokens(2048, 1)
+    vocab = _vocab_size(model_dir)
+    prompt = _tokens(2048, 1, vocab)
     counter = iter(range(10 ** 6))
 
     def ours_cold():
@@ -77,7 +87,7 @@ def suite_prefill(model_dir: Path, dtype: str, repeats: int) -> dict:
     def ours_warm():
         # fresh 1,984 cached tokens each run: a new prefix, published, then extended
         i = next(counter)
-        p = _tokens(1984, 1000 + i) + _tokens(64, 5000 + i)
+        p = _tokens(1984, 1000 + i, vocab) + _tokens(64, 5000 + i, vocab)
         warm_llm.generate([{"prompt_token_ids": p[:1984] + [7]}], one)
         out = warm_llm.generate([{"prompt_token_ids": p}], one)[0]
         assert out.num_cached_tokens == 1984, out.num_cached_tokens
@@ -137,7 +147,7 @@ def suite_cold_burst(model_dir: Path, dtype: str, repeats: int, n: int = 8,
     single, burst = [], []
     computed_single = computed_burst = 0
     for r in range(repeats + 1):
-        prompt = _tokens(prompt_len, 100 + r)
+        prompt = _tokens(prompt_len, 100 + r, _vocab_size(model_dir))
         llm = LLM(str(model_dir), dtype=dtype, num_pages=1024)
         before = llm.stats()["prefill_tokens_computed"]
         t0 = time.perf_counter()
@@ -166,7 +176,8 @@ def suite_deterministic(model_dir: Path, dtype: str, repeats: int) -> dict:
     from prefixcache import LLM, SamplingParams
 
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    prompts = [{"prompt_token_ids": _tokens(200 + 37 * i, 300 + i)} for i in range(8)]
+    vocab = _vocab_size(model_dir)
+    prompts = [{"prompt_token_ids": _tokens(200 + 37 * i, 300 + i, vocab)} for i in range(8)]
     rates = {}
     for det in (False, True):
         llm = LLM(str(model_dir), dtype=dtype, num_pages=1024, enable_prefix_caching=False,
@@ -193,7 +204,7 @@ def suite_deterministic(model_dir: Path, dtype: str, repeats: int) -> dict:
             return logits
 
         llm.engine.model.forward = capture
-        prompt = _tokens(1000, 7)
+        prompt = _tokens(1000, 7, vocab)
         one = SamplingParams(max_tokens=1, temperature=0.0)
         llm.generate([{"prompt_token_ids": prompt}], one)
         cold = captured[-1][-1]
@@ -214,8 +225,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        "cold burst, deterministic mode cost")
     p.add_argument("--suite", action="append", choices=sorted(SUITES),
                    help="suite to run (repeatable; default all)")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--model", default=DEFAULT_MODEL, metavar="DIR",
+                   help=f"a Hugging Face model directory, or {DEFAULT_MODEL} (the random "
+                        "~60M Llama, saved once under --model-cache); default: "
+                        f"{DEFAULT_MODEL}")
+    add_engine_args(p, include=("dtype",))
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch CPU threads of every engine measured; default: 2")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--model-cache", default=str(Path.home() / ".cache" / "prefixcache"),
                    help="where the random benchmark model is saved once")
@@ -224,13 +240,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model == DEFAULT_MODEL:
+        model_dir, model_name = bench_model_dir(Path(args.model_cache)), DEFAULT_MODEL_NAME
+    else:
+        model_dir, model_name = Path(args.model), args.model
+        if not (model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"--model: no config.json in {model_dir}")
     torch.set_num_threads(args.threads)
-    model_dir = bench_model_dir(Path(args.model_cache))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / "engine.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    meta = {"model": "Llama ~60M random (hidden 512, 8 layers, 8/4 heads, 1408, vocab 32000)",
+    meta = {"model": model_name,
             "dtype": args.dtype, "threads": args.threads, "machine": platform.machine(),
             "processor": platform.processor() or "unknown", "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d")}

@@ -7,9 +7,10 @@ identical cold requests sent at once, which pay for one prefill between them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 
-from prefixcache.engine.cli import add_engine_args, engine_kwargs
+from prefixcache.engine.args import add_engine_args, config_from_args
 
 SYSTEM = ("You are a careful assistant for a library. Answer questions about opening hours, "
           "loans, renewals, fines, inter-library requests and the reading rooms. Keep each "
@@ -23,7 +24,7 @@ QUESTIONS = ["How long can I keep a book?", "Can I renew a loan twice?",
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="show cold vs warm TTFT on the built-in model")
-    add_engine_args(p)
+    add_engine_args(p.add_argument_group("engine"))
     p.add_argument("--prefix-repeat", type=int, default=8,
                    help="copies of the system prompt in the shared prefix (length)")
     p.add_argument("--burst", type=int, default=4, help="identical cold requests at once")
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from prefixcache import LLM, SamplingParams
 
     console = Console()
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(**dataclasses.asdict(config_from_args(args)))
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     llm.generate(["warm-up"], params)  # first-call costs (allocator, kernels) out of the way
     base = llm.stats()

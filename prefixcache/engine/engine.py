@@ -57,7 +57,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
-        self.loaded = loaded or load_model(config.model, device=config.device, dtype=config.dtype)
+        self.loaded = loaded or load_model(config.model, device=config.device,
+                                           dtype=config.torch_dtype)
         self.model = self.loaded.model
         self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
@@ -66,13 +67,12 @@ class LLMEngine:
         per_token = KVPool.bytes_per_token(mc.num_hidden_layers, mc.num_key_value_heads,
                                            mc.head_dim, config.torch_dtype)
         num_pages = config.num_pages or max(2, config.kv_cache_bytes // (per_token * bs))
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
-                                 mc.max_position_embeddings, num_pages * bs)
+        model_len = mc.check_max_model_len(config.max_model_len, config.allow_long_context)
+        self.max_model_len = min(model_len, num_pages * bs)
         # what limits the context, named in error messages
         self._context_limit = (
             f"the KV pool allows {self.max_model_len} tokens ({num_pages} pages of {bs} tokens; "
-            "raise num_pages or kv_cache_bytes)" if num_pages * bs < min(
-                config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+            "raise num_pages or kv_cache_bytes)" if num_pages * bs < model_len
             else f"the maximum context length (max_model_len) is {self.max_model_len} tokens")
         # Sliding-window layers are masked exactly over the full KV (model/attention.py),
         # so a cached prefix gives the same output as a cold prefill: caching stays on.

@@ -1,18 +1,29 @@
 """Model hyper-parameters, parsed from a Hugging Face ``config.json``.
 
 Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``
-(all the same decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP). Both config
-generations are read: transformers 5 writes ``rope_parameters``; older files write
-``rope_theta`` plus ``rope_scaling``.
+(all the same decoder: RMSNorm, GQA attention with RoPE, SwiGLU MLP); a file whose
+``architectures`` is empty or missing is read by its ``model_type`` (``llama``,
+``mistral``, ``qwen2``), as transformers does. Both config generations are read:
+transformers 5 writes ``rope_parameters``; older files write ``rope_theta`` plus
+``rope_scaling``. The model's context length (:attr:`ModelConfig.context_length`) is
+derived here, and :meth:`ModelConfig.check_max_model_len` refuses a longer one.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# config.json ``model_type`` -> architecture, when ``architectures`` is empty or missing
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM"}
+# tokenizer_config.json values at or above this mean "no limit" (transformers writes 1e30)
+_UNBOUNDED_MODEL_MAX_LENGTH = 1 << 40
+
+log = logging.getLogger(__name__)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -45,7 +56,10 @@ class ModelConfig:
             (``head_dim`` may differ from ``hidden_size // num_attention_heads``).
         rms_norm_eps: RMSNorm epsilon.
         rope_theta: RoPE base; ``rope_scaling``: see :class:`RopeScaling`.
-        max_position_embeddings: longest supported context, tokens.
+        max_position_embeddings: the config's ``max_position_embeddings`` (GGUF:
+            ``context_length``), tokens.
+        model_max_length: the tokenizer's ``model_max_length`` (``tokenizer_config.json``),
+            tokens, or ``None`` when absent or unbounded.
         tie_word_embeddings: ``lm_head`` shares the embedding matrix.
         qkv_bias: q/k/v projections have a bias (Qwen2, Llama ``attention_bias``).
         o_bias: output projection has a bias (Llama ``attention_bias``; never Qwen2).
@@ -77,6 +91,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None
+    model_max_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -99,6 +114,51 @@ class ModelConfig:
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the model supports, tokens, derived as vLLM does:
+        ``max_position_embeddings``, times ``factor`` under ``linear`` RoPE scaling (whose
+        checkpoints state the unscaled length; ``llama3`` files already state the scaled
+        one), capped by the tokenizer's ``model_max_length``. A sliding window does not
+        shorten it: the model keeps all KV and masks the window exactly."""
+        length = self.max_position_embeddings
+        if self.rope_scaling.rope_type == "linear":
+            length = int(length * self.rope_scaling.factor)
+        if self.model_max_length is not None:
+            length = min(length, self.model_max_length)
+        return length
+
+    def check_max_model_len(self, max_model_len: int | None,
+                            allow_long_context: bool = False) -> int:
+        """The context length to run with, tokens: ``max_model_len``, or
+        :attr:`context_length` when it is ``None``.
+
+        Raises:
+            ValueError: ``max_model_len`` exceeds :attr:`context_length` and
+                ``allow_long_context`` is false (the message names both numbers). With
+                ``allow_long_context`` the value is kept and a warning is logged.
+        """
+        limit = self.context_length
+        if max_model_len is None:
+            return limit
+        if max_model_len > limit:
+            msg = (f"max_model_len: {max_model_len} tokens is longer than the model's context "
+                   f"length of {limit} tokens ({self._context_source()})")
+            if not allow_long_context:
+                raise ValueError(f"{msg}; pass allow_long_context=True "
+                                 "(--allow-long-context) to run past it anyway")
+            log.warning("%s; allow_long_context is set, so output past %d tokens may be "
+                        "degraded", msg, limit)
+        return max_model_len
+
+    def _context_source(self) -> str:
+        if self.model_max_length is not None and self.model_max_length == self.context_length:
+            return "the tokenizer's model_max_length"
+        if self.rope_scaling.rope_type == "linear":
+            return (f"max_position_embeddings {self.max_position_embeddings} x linear RoPE "
+                    f"factor {self.rope_scaling.factor:g}")
+        return "max_position_embeddings"
+
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
         """Parse a ``config.json`` dictionary.
@@ -107,11 +167,7 @@ class ModelConfig:
             ValueError: unsupported architecture, activation or RoPE type, or a missing
                 required key (the message names the key).
         """
-        archs = cfg.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            raise ValueError(f"config.json 'architectures' is {archs!r}; supported: "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        arch = _architecture(cfg)
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"config.json 'hidden_act' is {act!r}; only 'silu' is supported")
@@ -164,6 +220,37 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
         return cls.from_dict(cfg)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelConfig:
+        """Read a model directory's ``config.json``, and ``model_max_length`` from its
+        ``tokenizer_config.json`` when there is one. Raises FileNotFoundError or ValueError."""
+        path = Path(path)
+        config = cls.from_file(path / "config.json")
+        tok_file = path / "tokenizer_config.json"
+        if not tok_file.is_file():
+            return config
+        try:
+            limit = json.loads(tok_file.read_text()).get("model_max_length")
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise ValueError(f"{tok_file} is not a JSON object: {e}") from e
+        if isinstance(limit, (int, float)) and 0 < limit < _UNBOUNDED_MODEL_MAX_LENGTH:
+            return replace(config, model_max_length=int(limit))
+        return config
+
+
+def _architecture(cfg: dict[str, Any]) -> str:
+    """The supported architecture named by ``architectures``, else by ``model_type``."""
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None and not archs:
+        arch = MODEL_TYPES.get(cfg.get("model_type") or "")
+    if arch is None:
+        raise ValueError(f"config.json 'architectures' is {archs!r} and 'model_type' is "
+                         f"{cfg.get('model_type')!r}; supported: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)} "
+                         f"(model_type {', '.join(MODEL_TYPES)})")
+    return arch
 
 
 def _parse_rope(cfg: dict[str, Any]) -> tuple[float, RopeScaling]:

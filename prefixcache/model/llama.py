@@ -110,8 +110,6 @@ class PagedLlama(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32):
         super().__init__()
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -136,17 +134,12 @@ class PagedLlama(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         """Run one step: write the KV of ``batch``'s new tokens into ``kv`` and return
         float32 logits ``[len(batch.logits_indices), vocab]`` for the rows
-        ``batch.logits_indices``.
-
-        Raises:
-            ValueError: a position beyond ``max_position_embeddings``.
+        ``batch.logits_indices``. Positions are not limited here: the engine admits
+        requests up to its ``max_model_len`` (``ModelConfig.check_max_model_len``).
         """
         if not batch.seqs:
             return torch.empty(0, self.config.vocab_size, device=self.device)
         max_ctx = max(s.ctx_len for s in batch.seqs)
-        if max_ctx > self.config.max_position_embeddings:
-            raise ValueError(f"context of {max_ctx} tokens exceeds max_position_embeddings "
-                             f"({self.config.max_position_embeddings})")
         if batch.deterministic:
             from prefixcache.model.deterministic import forward_deterministic
             return forward_deterministic(self, batch, kv)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from prefixcache.config import resolve_dtype
 from prefixcache.model import builtin
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.llama import PagedLlama
@@ -19,7 +20,6 @@ from prefixcache.model.tokenizer import Tokenizer, load_tokenizer
 from prefixcache.model.weights import check_hf_keys, load_hf_weights
 
 BUILTIN_MODELS = ("builtin:tiny",)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -45,20 +45,6 @@ class LoadedModel:
     @property
     def has_chat_template(self) -> bool:
         return bool(self.chat_template)
-
-
-def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig | None = None) -> torch.dtype:
-    """``"float32"``/``"bfloat16"``/``"float16"``/``"auto"`` (the checkpoint's dtype,
-    float32 if unknown) or a ``torch.dtype``. Raises ValueError for anything else."""
-    if isinstance(dtype, torch.dtype):
-        if dtype in _DTYPES.values():
-            return dtype
-        raise ValueError(f"unsupported dtype {dtype}; use one of {', '.join(_DTYPES)}")
-    if dtype == "auto":
-        return _DTYPES.get((config.torch_dtype if config else None) or "", torch.float32)
-    if dtype not in _DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; use one of {', '.join(_DTYPES)} or 'auto'")
-    return _DTYPES[dtype]
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -104,27 +90,30 @@ def load_weights(model: PagedLlama, files: list[Path]) -> None:
 
 
 def load_model(model: str, device: torch.device | str = "cpu",
-               dtype: str | torch.dtype = "float32") -> LoadedModel:
-    """Load ``model`` (a directory path or ``"builtin:tiny"``) onto ``device`` in ``dtype``.
+               dtype: torch.dtype | str = torch.float32) -> LoadedModel:
+    """Load ``model`` (a directory path or ``"builtin:tiny"``) onto ``device`` in ``dtype``
+    (a ``torch.dtype``, as ``EngineConfig.torch_dtype`` gives it; a name or alias is
+    resolved through the same table, ``prefixcache.config.DTYPES``).
 
     Raises:
         FileNotFoundError: the directory, ``config.json`` or the weights are missing.
         ValueError: unknown builtin name, unsupported architecture/RoPE/dtype, or weights
             that do not match the config (the message names the file or key).
     """
+    dtype = resolve_dtype(dtype)
     if model.startswith("builtin:"):
         if model not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
-        net = builtin.build_tiny_model(device, resolve_dtype(dtype))
+        net = builtin.build_tiny_model(device, dtype)
         return LoadedModel(net, net.config, builtin.ByteTokenizer(), model,
                            builtin.CHAT_TEMPLATE)
     path = Path(model).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"model directory not found: {path}")
-    config = ModelConfig.from_file(path / "config.json")
+    config = ModelConfig.from_dir(path)
     files = weight_files(path)
-    net = PagedLlama(config, device, resolve_dtype(dtype, config))
+    net = PagedLlama(config, device, dtype)
     load_weights(net, files)
     net.eval()
     tokenizer = load_tokenizer(path, config.bos_token_id, config.eos_token_ids)

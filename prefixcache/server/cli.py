@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+from prefixcache.engine.args import add_engine_args, config_from_args
 from prefixcache.server.app import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger("prefixcache.server")
@@ -20,8 +21,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Serve a model over the OpenAI API (/v1/completions, "
                     "/v1/chat/completions, /v1/models), with /health, /metrics and "
                     "/reset_prefix_cache.")
-    p.add_argument("--model", required=True,
-                   help="Hugging Face model directory, or builtin:tiny")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
@@ -37,40 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--no-access-log", action="store_true", help="no per-request log lines")
-    e = p.add_argument_group("engine")
-    e.add_argument("--block-size", type=int, default=16, help="tokens per KV page")
-    e.add_argument("--num-pages", type=int, default=None,
-                   help="KV pool size in pages (default: from --kv-cache-gib)")
-    e.add_argument("--kv-cache-gib", type=float, default=1.0,
-                   help="KV pool memory when --num-pages is not given")
-    e.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    e.add_argument("--max-num-seqs", type=int, default=64)
-    e.add_argument("--max-model-len", type=int, default=None)
-    e.add_argument("--max-waiting-requests", type=int, default=None,
-                   help="waiting-queue limit; beyond it requests get 429 + Retry-After")
-    e.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                   help="switch prefix caching off")
-    e.add_argument("--device", default="cpu")
-    e.add_argument("--dtype", default="float32")
-    e.add_argument("--deterministic", action="store_true",
-                   help="batch-invariant arithmetic (cold and warm runs bit-identical)")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--cache-aware-window-s", type=float, default=0.5)
-    e.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    add_engine_args(p.add_argument_group("engine"), model_required=True)
     return p
-
-
-def engine_config(args: argparse.Namespace):
-    from prefixcache.config import EngineConfig
-
-    return EngineConfig(
-        model=args.model, block_size=args.block_size, num_pages=args.num_pages,
-        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-        device=args.device, dtype=args.dtype, deterministic=args.deterministic, seed=args.seed,
-        cache_aware_window_s=args.cache_aware_window_s,
-        max_waiting_requests=args.max_waiting_requests, num_threads=args.num_threads)
 
 
 def build_app(args: argparse.Namespace):
@@ -83,7 +50,7 @@ def build_app(args: argparse.Namespace):
     auth = Authenticator.from_file(args.api_keys, allow_reset=args.allow_reset)
     if args.max_body_bytes < 1024:
         raise ValueError("--max-body-bytes must be at least 1024")
-    engine = LLMEngine(engine_config(args))
+    engine = LLMEngine(config_from_args(args))
     names = args.served_model_name or [args.model]
     settings = ServerSettings(model_names=names, model_root=args.model, auth=auth,
                               max_body_bytes=args.max_body_bytes)

@@ -55,3 +55,28 @@ def test_report_only_rebuilds_from_saved_runs(tmp_path):
     assert (tmp_path / "RESULTS.md").is_file()
     with pytest.raises(SystemExit, match="no runs"):
         cli.run(parse("--report-only", "--out", str(tmp_path / "empty")))
+
+
+def test_engine_flags_are_the_engines_and_the_workload_seed_has_its_own_name():
+    a = parse()
+    assert (a.dtype, a.block_size, a.kv_cache_gib, a.workload_seed) == ("float32", 16, 2.0, 0)
+    a = parse("--dtype", "bf16", "--block-size", "32", "--kv-cache-gib", "0.5",
+              "--workload-seed", "9")
+    assert (a.dtype, a.block_size, a.kv_cache_gib) == ("bfloat16", 32, 0.5)
+    assert cli.workload_config(a).seed == 9
+    with pytest.raises(SystemExit):
+        parse("--seed", "9")  # --seed is the engine's seed; bench has none
+
+
+def test_bench_engine_takes_a_model_dir(tmp_path):
+    from prefixcache.bench import engine_perf
+
+    parser = argparse.ArgumentParser()
+    engine_perf.add_parser(parser.add_subparsers(dest="command"))
+    a = parser.parse_args(["bench-engine", "--dtype", "fp32"])
+    assert (a.model, a.dtype) == (engine_perf.DEFAULT_MODEL, "float32")
+    a = parser.parse_args(["bench-engine", "--model", str(tmp_path), "--out", str(tmp_path)])
+    with pytest.raises(FileNotFoundError, match=f"--model: no config.json in {tmp_path}"):
+        engine_perf.run(a)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 300}))
+    assert engine_perf._vocab_size(tmp_path) == 300

@@ -1,7 +1,9 @@
 """ModelConfig parsing of Hugging Face config.json files (both generations), and RoPE."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 
 import pytest
 import torch
@@ -145,3 +147,86 @@ def test_rope_table_bits_do_not_depend_on_growth():
     small.table(3000)
     assert torch.equal(small.table(3000)[0][:3000], big.table(3000)[0][:3000])
     assert torch.equal(small.table(3000)[1][:3000], big.table(3000)[1][:3000])
+
+
+@pytest.mark.parametrize("model_type,arch", [("llama", "LlamaForCausalLM"),
+                                             ("mistral", "MistralForCausalLM"),
+                                             ("qwen2", "Qwen2ForCausalLM")])
+@pytest.mark.parametrize("archs", ["missing", "empty", "null"])
+def test_architecture_from_model_type_when_architectures_is_empty(model_type, arch, archs):
+    cfg = {k: v for k, v in LLAMA.items() if k != "architectures"}
+    if archs != "missing":
+        cfg["architectures"] = [] if archs == "empty" else None
+    c = ModelConfig.from_dict(dict(cfg, model_type=model_type))
+    named = ModelConfig.from_dict(dict(LLAMA, architectures=[arch]))
+    assert c.architecture == arch and c == named
+
+
+def test_unknown_model_type_and_named_architecture_win():
+    with pytest.raises(ValueError, match=r"'model_type' is 'gpt2'.*model_type llama"):
+        ModelConfig.from_dict(dict(LLAMA, architectures=[], model_type="gpt2"))
+    with pytest.raises(ValueError, match="'model_type' is None"):
+        ModelConfig.from_dict(dict(LLAMA, architectures=[]))
+    # a named, unsupported architecture is refused even when model_type is a Llama
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        ModelConfig.from_dict(dict(LLAMA, architectures=["GPT2LMHeadModel"], model_type="llama"))
+
+
+def test_context_length_from_positions_rope_window_and_tokenizer():
+    assert ModelConfig.from_dict(LLAMA).context_length == 4096
+    # linear RoPE checkpoints state the unscaled length; llama3 files the scaled one
+    linear = ModelConfig.from_dict(dict(LLAMA, rope_scaling={"type": "linear", "factor": 4.0}))
+    assert linear.context_length == 16384
+    assert ModelConfig.from_dict(dict(LLAMA, rope_scaling=LLAMA3)).context_length == 4096
+    # the model masks a sliding window exactly over the full KV: it does not shorten it
+    mistral = ModelConfig.from_dict(dict(LLAMA, architectures=["MistralForCausalLM"],
+                                         sliding_window=1024))
+    assert mistral.sliding_window == 1024 and mistral.context_length == 4096
+    capped = dataclasses.replace(linear, model_max_length=8192)
+    assert capped.context_length == 8192
+    assert dataclasses.replace(linear, model_max_length=20000).context_length == 16384
+
+
+def test_max_model_len_is_checked_against_the_context_length(caplog):
+    c = ModelConfig.from_dict(LLAMA)
+    assert c.check_max_model_len(None) == 4096 and c.check_max_model_len(4096) == 4096
+    assert c.check_max_model_len(100) == 100
+    with pytest.raises(ValueError) as e:
+        c.check_max_model_len(4097)
+    msg = str(e.value)
+    assert msg.startswith("max_model_len: 4097 tokens") and "4096 tokens" in msg
+    assert "allow_long_context" in msg
+    with caplog.at_level(logging.WARNING, logger="prefixcache.model.config"):
+        assert c.check_max_model_len(8192, allow_long_context=True) == 8192
+    (rec,) = caplog.records
+    assert rec.levelno == logging.WARNING and "8192" in rec.message and "4096" in rec.message
+    linear = ModelConfig.from_dict(dict(LLAMA, rope_scaling={"type": "linear", "factor": 2.0}))
+    with pytest.raises(ValueError, match=r"8192 tokens \(max_position_embeddings 4096 x "
+                                         r"linear RoPE factor 2\)"):
+        linear.check_max_model_len(9000)
+
+
+def test_from_dir_reads_model_max_length(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    assert ModelConfig.from_dir(tmp_path).model_max_length is None  # no tokenizer_config
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 1e30}))
+    assert ModelConfig.from_dir(tmp_path).model_max_length is None  # transformers' "unbounded"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 2048}))
+    c = ModelConfig.from_dir(tmp_path)
+    assert c.model_max_length == 2048 and c.context_length == 2048
+    with pytest.raises(ValueError, match=r"max_model_len: 3000 tokens .* 2048 tokens \(the "
+                                         r"tokenizer's model_max_length\)"):
+        c.check_max_model_len(3000)
+    (tmp_path / "tokenizer_config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="tokenizer_config.json is not a JSON object"):
+        ModelConfig.from_dir(tmp_path)
+
+
+def test_context_check_needs_only_the_model_config():
+    """As a GGUF loader builds it: ``context_length`` metadata in max_position_embeddings."""
+    c = ModelConfig(architecture="LlamaForCausalLM", hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
+                    head_dim=64, vocab_size=49152, max_position_embeddings=8192)
+    assert c.context_length == 8192 and c.check_max_model_len(None) == 8192
+    with pytest.raises(ValueError, match=r"^max_model_len: 8193 tokens .* 8192 tokens"):
+        c.check_max_model_len(8193)

@@ -93,11 +93,33 @@ def test_hf_dir_without_tokenizer_files(llama_dir):
     assert loaded.config.architecture == "LlamaForCausalLM"
 
 
-def test_auto_dtype_uses_the_checkpoint_dtype(tmp_path):
-    hf = make_hf_model("llama").to(torch.bfloat16)
-    d = save_hf_model(hf, tmp_path / "bf16")
-    assert load_model(str(d), dtype="auto").model.dtype == torch.bfloat16
-    assert load_model(str(d)).model.dtype == torch.float32
+@pytest.mark.parametrize("dtype,want", [(torch.bfloat16, torch.bfloat16), ("bf16", torch.bfloat16),
+                                       ("half", torch.float16), ("fp32", torch.float32)])
+def test_dtype_is_resolved_by_the_one_table(llama_dir, dtype, want):
+    loaded = load_model(str(llama_dir), dtype=dtype)
+    assert loaded.model.dtype == want and loaded.model.embed.dtype == want
+    assert load_model("builtin:tiny", dtype=dtype).model.norm.dtype == want
+
+
+def test_loader_keeps_no_dtype_table_of_its_own():
+    import prefixcache.model.loader as loader
+
+    assert not hasattr(loader, "_DTYPES")
+    with pytest.raises(ValueError, match=r"^dtype: unsupported dtype torch\.int8"):
+        load_model("builtin:tiny", dtype=torch.int8)
+
+
+@pytest.mark.parametrize("archs", [[], None])
+def test_empty_architectures_loads_by_model_type(llama_dir, tmp_path, archs):
+    """As a GGUF-converted checkpoint writes it (``"architectures": []``)."""
+    d = copy_dir(llama_dir, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["model_type"] == "llama"
+    cfg["architectures"] = archs
+    (d / "config.json").write_text(json.dumps(cfg))
+    ours, ref = load_model(str(d)), load_model(str(llama_dir))
+    assert ours.config == ref.config and ours.config.architecture == "LlamaForCausalLM"
+    assert torch.equal(ours.model.lm_head, ref.model.lm_head)
 
 
 def test_builtin_tiny_is_identical_every_time():

@@ -1,0 +1,145 @@
+"""Command-line flags of the engine, generated once from :class:`EngineConfig`'s fields.
+
+``generate``, ``demo``, ``serve``, ``bench`` and ``bench-engine`` all call
+:func:`add_engine_args`, so a flag means the same everywhere and cannot drift: a field
+``max_num_seqs`` becomes ``--max-num-seqs``, its help (with unit and default) comes from
+the field's metadata. ``--seed`` is always the engine seed. Booleans that default to
+``False`` are switches (``--deterministic``); ``enable_prefix_caching`` is switched off
+by ``--no-prefix-caching``. ``kv_cache_bytes`` is given in GiB (``--kv-cache-gib``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from prefixcache.config import EngineConfig, dtype_name
+
+GIB = 1 << 30
+
+# Fields whose flag differs from the field: flag (its dest is the flag's name), argparse
+# type, field value per flag unit, unit.
+_FLAG_OVERRIDES = {"kv_cache_bytes": ("--kv-cache-gib", float, GIB, "GiB")}
+_NEGATED = {"enable_prefix_caching": "--no-prefix-caching"}
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _dtype_arg(text: str) -> str:
+    try:
+        return dtype_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def engine_fields(include: Iterable[str] | None = None) -> list[dataclasses.Field]:
+    """The :class:`EngineConfig` fields that have a flag (all but test-only ones), in
+    declaration order; ``include`` keeps only those names (ValueError for an unknown one)."""
+    fields = [f for f in dataclasses.fields(EngineConfig) if f.metadata.get("cli", True)]
+    if include is None:
+        return fields
+    wanted = set(include)
+    unknown = wanted - {f.name for f in fields}
+    if unknown:
+        raise ValueError(f"include: no engine flag for {sorted(unknown)}")
+    return [f for f in fields if f.name in wanted]
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    factory = f.default_factory  # every EngineConfig field has a default or a factory
+    return factory() if callable(factory) else None
+
+
+def _help(f: dataclasses.Field, default: Any, unit: str) -> str:
+    text = f.metadata.get("help", "")
+    if unit:
+        text += f" ({unit})"
+    shown = f.metadata.get("default_text") or default
+    return f"{text}; default: {shown}"
+
+
+def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                    include: Iterable[str] | None = None, model_required: bool = False,
+                    defaults: dict[str, Any] | None = None) -> None:
+    """Add one flag per :class:`EngineConfig` field to ``parser``.
+
+    Args:
+        parser: a parser or an argument group.
+        include: field names to add (default: every field with a flag).
+        model_required: ``--model`` has no default (``serve``).
+        defaults: field values replacing the dataclass defaults for this command
+            (``kv_cache_bytes`` in bytes).
+
+    Raises:
+        ValueError: ``include`` or ``defaults`` names an unknown field.
+    """
+    defaults = dict(defaults or {})
+    fields = engine_fields(include)
+    unknown = set(defaults) - {f.name for f in fields}
+    if unknown:
+        raise ValueError(f"defaults: no engine flag for {sorted(unknown)}")
+    for f in fields:
+        default = defaults.get(f.name, _default(f))
+        if f.name in _NEGATED:
+            parser.add_argument(_NEGATED[f.name], dest=f.name, action="store_false",
+                                default=default, help=f"do not {f.metadata['help']}")
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            if default:  # a switch can only turn a False default on
+                raise ValueError(f"defaults: {f.name} has no --no- flag; add it to _NEGATED")
+            parser.add_argument(flag, dest=f.name, action="store_true", default=default,
+                                help=f.metadata["help"])
+            continue
+        unit = f.metadata.get("unit", "")
+        kw: dict[str, Any] = {"dest": f.name}
+        if f.name in _FLAG_OVERRIDES:
+            flag, kind, scale, unit = _FLAG_OVERRIDES[f.name]
+            kw["type"], kw["dest"], default = kind, _dest(flag), default / scale
+        elif f.name == "dtype":
+            kw["type"], kw["metavar"] = _dtype_arg, "DTYPE"
+        else:
+            kw["type"] = _TYPES[str(f.type).split(" |")[0]]
+        kw.setdefault("metavar", unit.upper() if unit else
+                      ("N" if kw["type"] is int else f.name.split("_")[-1].upper()))
+        if f.name == "model" and model_required:
+            kw["required"] = True
+            parser.add_argument(flag, help=f.metadata["help"] + " (required)", **kw)
+            continue
+        if f.default is dataclasses.MISSING:
+            # default_factory fields (hash_root_seed): resolved when the config is built,
+            # not when the parser is, so the flag's absence keeps the field's own default.
+            kw["default"] = None
+        else:
+            kw["default"] = default
+        parser.add_argument(flag, help=_help(f, default, unit), **kw)
+
+
+def config_from_args(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
+    """The :class:`EngineConfig` of parsed engine flags (those :func:`add_engine_args`
+    added), with ``overrides`` (field values) on top.
+
+    Raises:
+        ValueError: an invalid value (the message names the field).
+    """
+    kwargs: dict[str, Any] = {}
+    for f in engine_fields():
+        override = _FLAG_OVERRIDES.get(f.name)
+        dest = _dest(override[0]) if override else f.name
+        if not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if value is None and f.default is dataclasses.MISSING:
+            continue  # the field's default_factory decides
+        kwargs[f.name] = int(value * override[2]) if override else value
+    kwargs.update(overrides)
+    return EngineConfig(**kwargs)
+
+
+__all__ = ["add_engine_args", "config_from_args", "engine_fields"]
