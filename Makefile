@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test bench peers clean-venv
+.PHONY: demo test lint bench peers clean-venv
 
 $(BIN)/prefixcache: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,8 +18,12 @@ $(BIN)/prefixcache: pyproject.toml constraints.txt
 demo: $(BIN)/prefixcache
 	$(BIN)/prefixcache demo
 
-test: $(BIN)/prefixcache
+test: $(BIN)/prefixcache lint
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest tests
+
+lint: $(BIN)/prefixcache
+	$(BIN)/ruff check prefixcache tests scripts
+	$(BIN)/mypy
 
 bench: $(BIN)/prefixcache
 	$(BIN)/prefixcache bench --workload all --out benchmarks
