@@ -7,6 +7,7 @@ side, and sends every peer the same text (``/v1/completions``) or the same token
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,14 +71,6 @@ def render_all(renderer: Renderer, reqs: list[BenchRequest]) -> dict[str, Prompt
     return {r.id: renderer.render(r) for r in reqs}
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def label_warm_by_overlap(reqs: list[BenchRequest], prompts: dict[str, Prompt], threshold: float = 0.5) -> None:
     """For requests without a structural label: warm when an earlier request of the same
     tenant shares at least ``threshold`` of its prompt tokens as a common prefix."""
@@ -86,6 +79,6 @@ def label_warm_by_overlap(reqs: list[BenchRequest], prompts: dict[str, Prompt], 
         ids = prompts[r.id].token_ids
         prev = earlier.setdefault(r.tenant, [])
         if r.warm_expected is None:
-            best = max((common_prefix_len(ids, p) for p in prev), default=0)
+            best = max((len(os.path.commonprefix([ids, p])) for p in prev), default=0)
             r.warm_expected = bool(ids) and best >= threshold * len(ids)
         prev.append(ids)

@@ -1,4 +1,5 @@
-"""Tokenizers (byte-level builtin, tokenizer.json, transformers) and streaming detokenization."""
+"""Tokenizers (byte-level, approx, tokenizer.json, transformers), their loading from a
+model folder or a ``--tokenizer`` value, and streaming detokenization."""
 from __future__ import annotations
 
 import shutil
@@ -7,13 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixcache.model.builtin import BOS_ID, END_ID, EOS_ID, ByteTokenizer
-from prefixcache.model.chat_template import render_chat_template
-from prefixcache.model.detokenizer import IncrementalDetokenizer
-from prefixcache.model.tokenizer import HFTokenizer, JSONTokenizer, load_tokenizer
+from helpers.data import shared_data
+from prefixcache.model.builtin import BOS_ID, END_ID, EOS_ID, tiny_tokenizer
+from prefixcache.text.chat_template import render_chat_template
+from prefixcache.text.detokenizer import IncrementalDetokenizer
+from prefixcache.text.hf_tokenizer import HFTokenizer
+from prefixcache.text.json_tokenizer import JSONTokenizer
+from prefixcache.text.loading import TokenizerError, load_tokenizer, tokenizer_for_model
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=60)
-BYTE = ByteTokenizer()
+BYTE = tiny_tokenizer()
+FOX = "Hello world, the quick brown fox."
 
 
 @given(TEXT)
@@ -93,7 +98,7 @@ def gpt2_dir(tmp_path_factory, shared_data_path):
 
 
 def test_tokenizer_json_only_dir(gpt2_dir):
-    tok = load_tokenizer(gpt2_dir, bos_token_id=None, eos_token_ids=(50256,))
+    tok = tokenizer_for_model(gpt2_dir, bos_token_id=None, eos_token_ids=(50256,))
     assert isinstance(tok, JSONTokenizer)
     ids = tok.encode("Hello world, the quick brown fox.")
     assert ids == [15496, 995, 11, 262, 2068, 7586, 21831, 13]
@@ -106,7 +111,7 @@ def test_tokenizer_json_only_dir(gpt2_dir):
 
 
 def test_incremental_detokenizer_byte_level_bpe(gpt2_dir):
-    tok = load_tokenizer(gpt2_dir)
+    tok = tokenizer_for_model(gpt2_dir)
     text = "Zürich 🌍 naïve café — 東京タワー!"
     ids = tok.encode(text)
     detok = IncrementalDetokenizer(tok)
@@ -140,3 +145,36 @@ def test_incremental_detokenizer_with_prompt_context(qwen2):
     detok = IncrementalDetokenizer(qwen2, prompt_ids=prompt)
     out = "".join(detok.push([t]) for t in gen) + detok.flush()
     assert out == " forty-two 🙂, surely."
+
+
+# -- ``--tokenizer`` values (analyze) -------------------------------------------------------
+
+def test_shared_tokenizers_give_their_known_ids():
+    shared_data("tokenizers")
+    assert load_tokenizer("qwen2").encode(FOX) == [9707, 1879, 11, 279, 3974, 13876, 38835, 13]
+    assert load_tokenizer("gpt2").encode(FOX) == [15496, 995, 11, 262, 2068, 7586, 21831, 13]
+    q = load_tokenizer("qwen2")
+    assert q.encode("<|im_start|>user\nhi<|im_end|>") == [151644, 872, 198, 6023, 151645]
+
+
+def test_approx_is_deterministic_and_chunks_long_words():
+    a, b = load_tokenizer("approx"), load_tokenizer("approx")
+    ids, offs = a.encode_offsets("an extraordinarily<|im_end|>")
+    assert ids == b.encode("an extraordinarily<|im_end|>")
+    # "an", " extraor" (8 bytes), "dinarily", then the marker as one token
+    assert offs == [(0, 2), (2, 10), (10, 18), (18, 28)]
+    assert a.decode(ids, skip_special_tokens=False) == "an extraordinarily<|im_end|>"
+    assert a.decode(ids) == "an extraordinarily"
+
+
+def test_bytes_tokenizer():
+    t = load_tokenizer("bytes")
+    assert t.encode("é<|im_start|>") == [0xC3, 0xA9, 257]
+    assert t.decode([0xC3, 0xA9, 257], skip_special_tokens=False) == "é<|im_start|>"
+    ids, offs = t.encode_offsets("aé<|im_end|>")
+    assert ids == [97, 0xC3, 0xA9, 258] and offs == [(0, 1), (1, 2), (1, 2), (2, 12)]
+
+
+def test_unknown_tokenizer():
+    with pytest.raises(TokenizerError, match="no such file"):
+        load_tokenizer("/nonexistent/tok")
