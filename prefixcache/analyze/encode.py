@@ -17,8 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefixcache.analyze.records import Request, TokenizedRequest
-from prefixcache.analyze.render import (TemplateRenderer, builtin_response, builtin_segments,
-                                        message_ends)
+from prefixcache.analyze.render import (
+    TemplateRenderer,
+    builtin_response,
+    builtin_segments,
+    message_ends,
+)
 from prefixcache.text.chat_template import ChatTemplateError
 from prefixcache.text.tokenizer import Tokenizer
 

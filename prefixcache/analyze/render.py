@@ -28,8 +28,12 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
-from prefixcache.text.chat_template import (CHATML_GENERATION_PROMPT, CHATML_TEMPLATE,
-                                            ChatTemplateError, render_chat_template)
+from prefixcache.text.chat_template import (
+    CHATML_GENERATION_PROMPT,
+    CHATML_TEMPLATE,
+    ChatTemplateError,
+    render_chat_template,
+)
 from prefixcache.text.tokenizer import Tokenizer
 
 GENERATION_PROMPT = CHATML_GENERATION_PROMPT

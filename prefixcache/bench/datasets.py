@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from prefixcache.paths import data_root
 
+
 class DataMissing(FileNotFoundError):
     """A shared data folder or file is absent; the message names it."""
 

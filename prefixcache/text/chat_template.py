@@ -63,7 +63,7 @@ def render_chat_template(template: str, messages: list[dict[str, Any]],
                                        chat_template=template,
                                        add_generation_prompt=add_generation_prompt,
                                        **special_tokens)
-    except Exception as e:  # jinja raises anything, templates raise_exception()
+    except Exception as e:  # noqa: BLE001  (jinja raises anything; raise_exception())
         raise ChatTemplateError(f"chat template error: {e}") from None
     return out[0]
 

@@ -89,5 +89,5 @@ class HFTokenizer(Tokenizer):
         try:
             return self._tok.apply_chat_template(messages, tools=tools, tokenize=False,
                                                  add_generation_prompt=add_generation_prompt)
-        except Exception as e:  # jinja raises anything, templates raise_exception()
+        except Exception as e:  # noqa: BLE001  (jinja raises anything; raise_exception())
             raise ChatTemplateError(f"chat template error: {e}") from None

@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefixcache.text.tokenizer import Offsets, Tokenizer
-from prefixcache.text.tokenizer_files import (folder_chat_template, folder_template_tokens,
-                                              generation_eos_ids)
+from prefixcache.text.tokenizer_files import (
+    folder_chat_template,
+    folder_template_tokens,
+    generation_eos_ids,
+)
 
 _SENTENCEPIECE_SPACE = "\u2581"
 

@@ -20,6 +20,7 @@ it: ``tokenizer_config.json`` present -> transformers, only ``tokenizer.json`` -
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from prefixcache.paths import data_root
@@ -98,8 +99,15 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
     path = resolve_tokenizer_path(spec)
     assert path is not None
     try:
-        if path.is_file() or (path / "tokenizer.json").is_file():
-            return JSONTokenizer(path)
-        return HFTokenizer(path)
-    except Exception as exc:  # tokenizers/transformers raise many kinds
+        return _load_path(path.resolve())
+    except Exception as exc:  # noqa: BLE001  (tokenizers/transformers raise many kinds)
         raise TokenizerError(f"cannot load tokenizer {spec!r} from {path}: {exc}") from None
+
+
+@lru_cache(maxsize=8)
+def _load_path(path: Path) -> Tokenizer:
+    # loading a vocab.json + merges.txt folder through transformers takes seconds: once
+    # per process (these tokenizers hold no per-call state)
+    if path.is_file() or (path / "tokenizer.json").is_file():
+        return JSONTokenizer(path)
+    return HFTokenizer(path)

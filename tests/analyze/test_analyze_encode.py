@@ -1,11 +1,11 @@
 """Prompts to tokens: the segment cache and token -> character offsets."""
 import pytest
+from helpers.data import shared_data
 
 from prefixcache.analyze.encode import encode_requests
 from prefixcache.analyze.logs import load_log
 from prefixcache.analyze.textmap import char_offset
 from prefixcache.text.loading import load_tokenizer
-from helpers.data import shared_data
 
 
 @pytest.mark.parametrize("spec", ["qwen2", "gpt2"])

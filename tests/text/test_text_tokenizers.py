@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from helpers.data import shared_data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.data import shared_data
 from prefixcache.model.builtin import BOS_ID, END_ID, EOS_ID, tiny_tokenizer
 from prefixcache.text.chat_template import render_chat_template
 from prefixcache.text.detokenizer import IncrementalDetokenizer
@@ -178,3 +178,37 @@ def test_bytes_tokenizer():
 def test_unknown_tokenizer():
     with pytest.raises(TokenizerError, match="no such file"):
         load_tokenizer("/nonexistent/tok")
+
+
+def test_byte_tokenizer_parameters_are_checked():
+    from prefixcache.text.byte_tokenizer import ByteTokenizer
+
+    with pytest.raises(ValueError, match="vocab_size"):
+        ByteTokenizer(("<a>", "<b>"), vocab_size=257)
+    with pytest.raises(ValueError, match="bos_token"):
+        ByteTokenizer(("<a>",), bos_token="<s>")
+    with pytest.raises(ValueError, match="eos_tokens"):
+        ByteTokenizer(("<a>",), eos_tokens=("<a>", "</s>"))
+    plain = ByteTokenizer(())
+    assert plain.encode("hé") == [104, 0xC3, 0xA9] and plain.vocab_size == 256
+    assert plain.bos_token_id is None and plain.all_special_ids == []
+    ids, offs = BYTE.encode_offsets("a<|end|>")
+    assert ids == [BOS_ID, 97, END_ID] and offs == [(0, 0), (0, 1), (1, 8)]
+
+
+def test_folder_kinds_pick_their_backend(tmp_path, shared_data_path):
+    """tokenizer.json -> the tokenizers library, with the folder's chat template and
+    special-token strings; vocab.json + merges.txt -> transformers."""
+    src = shared_data_path("tokenizers")
+    d = tmp_path / "json"
+    d.mkdir()
+    shutil.copy(src / "gpt2" / "tokenizer.json", d)
+    (d / "tokenizer_config.json").write_text(
+        '{"eos_token": "<|endoftext|>", "chat_template": [{"name": "tool_use", '
+        '"template": "T"}, {"name": "default", "template": "{{ eos_token }}D"}]}')
+    tok = load_tokenizer(str(d))
+    assert isinstance(tok, JSONTokenizer) and tok.name == "json"
+    assert tok.chat_template == "{{ eos_token }}D"
+    assert tok.render_chat([]) == "<|endoftext|>D"
+    assert isinstance(load_tokenizer(str(src / "qwen2")), HFTokenizer)
+    assert load_tokenizer(str(d / "tokenizer.json")).encode(FOX) == tok.encode(FOX)

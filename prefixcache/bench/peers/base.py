@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from prefixcache import paths
 from prefixcache.bench.metrics import RequestResult
 from prefixcache.bench.prompts import Prompt
 from prefixcache.bench.workloads import BenchRequest
-from prefixcache import paths
-
 
 
 class PeerUnavailable(RuntimeError):
