@@ -58,12 +58,14 @@ def render_chat_template(template: str, messages: list[dict[str, Any]],
     """
     from transformers.utils.chat_template_utils import render_jinja_template
 
+    schemas: Any = list(tools) if tools else None
     try:
-        out, _ = render_jinja_template([messages], tools=tools or None,
-                                       chat_template=template,
-                                       add_generation_prompt=add_generation_prompt,
-                                       **special_tokens)
+        # returns (one text per conversation, generation indices)
+        rendered: Any = render_jinja_template([messages], tools=schemas,
+                                              chat_template=template,
+                                              add_generation_prompt=add_generation_prompt,
+                                              **special_tokens)
     except Exception as e:  # noqa: BLE001  (jinja raises anything; raise_exception())
         raise ChatTemplateError(f"chat template error: {e}") from None
-    return out[0]
+    return rendered[0][0]
 

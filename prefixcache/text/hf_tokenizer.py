@@ -58,7 +58,8 @@ class HFTokenizer(Tokenizer):
                 self._tok(texts, add_special_tokens=add_special_tokens)["input_ids"]]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        text = self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return text if isinstance(text, str) else "".join(text)
 
     @property
     def vocab_size(self) -> int:
@@ -86,8 +87,11 @@ class HFTokenizer(Tokenizer):
                     add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; send a plain prompt")
+        schemas: Any = tools
         try:
-            return self._tok.apply_chat_template(messages, tools=tools, tokenize=False,
+            text = self._tok.apply_chat_template(messages, tools=schemas, tokenize=False,
                                                  add_generation_prompt=add_generation_prompt)
         except Exception as e:  # noqa: BLE001  (jinja raises anything; raise_exception())
             raise ChatTemplateError(f"chat template error: {e}") from None
+        assert isinstance(text, str)  # tokenize=False
+        return text

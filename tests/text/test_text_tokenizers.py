@@ -212,3 +212,23 @@ def test_folder_kinds_pick_their_backend(tmp_path, shared_data_path):
     assert tok.render_chat([]) == "<|endoftext|>D"
     assert isinstance(load_tokenizer(str(src / "qwen2")), HFTokenizer)
     assert load_tokenizer(str(d / "tokenizer.json")).encode(FOX) == tok.encode(FOX)
+
+
+def test_text_imports_only_downward():
+    """text/ sits beside model/ and cache/: no torch, no model/, nothing above it."""
+    import ast
+    from pathlib import Path
+
+    import prefixcache.text
+
+    banned = ("torch", "prefixcache.model", "prefixcache.engine", "prefixcache.server",
+              "prefixcache.bench", "prefixcache.analyze", "prefixcache.cache")
+    found = []
+    for file in Path(prefixcache.text.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{file.name}: {n}" for n in names
+                      if any(n == b or n.startswith(b + ".") for b in banned)]
+    assert found == []
+    assert len(list(Path(prefixcache.text.__file__).parent.glob("*.py"))) == 10
