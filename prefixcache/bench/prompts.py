@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prefixcache.bench.workloads import BenchRequest
+from prefixcache.text.loading import tokenizer_for_model
+from prefixcache.text.tokenizer import Tokenizer
 
 
 @dataclass
@@ -25,17 +27,22 @@ class Renderer(Protocol):
     def render(self, req: BenchRequest) -> Prompt: ...
 
 
-class HFRenderer:
-    """Renders with a Hugging Face tokenizer (``AutoTokenizer`` of the model dir)."""
+class TokenizerRenderer:
+    """Renders with the model's tokenizer (:mod:`prefixcache.text`): its chat template,
+    then its ids without added special tokens (the template writes any BOS itself)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "HFRenderer":
-        from transformers import AutoTokenizer
+    def from_dir(cls, model_dir: str | Path) -> "TokenizerRenderer":
+        """The tokenizer of a Hugging Face model directory.
 
-        return cls(AutoTokenizer.from_pretrained(str(model_dir)))
+        Raises: FileNotFoundError if the directory holds no tokenizer files."""
+        tok = tokenizer_for_model(model_dir)
+        if tok is None:
+            raise FileNotFoundError(f"no tokenizer files in {model_dir}")
+        return cls(tok)
 
     def render(self, req: BenchRequest) -> Prompt:
         if isinstance(req.prompt, list):
@@ -43,28 +50,9 @@ class HFRenderer:
         if req.prompt is not None:
             text = req.prompt
         else:
-            text = self.tokenizer.apply_chat_template(req.messages, tools=req.tools or None, tokenize=False,
-                                                      add_generation_prompt=True)
-        return Prompt(text, list(self.tokenizer.encode(text, add_special_tokens=False)))
-
-
-class EngineTokenizerRenderer:
-    """Renders with prefixcache's own tokenizer (``llm.tokenizer``), for models without a
-    Hugging Face directory such as ``builtin:tiny``."""
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-
-    def render(self, req: BenchRequest) -> Prompt:
-        if isinstance(req.prompt, list):
-            return Prompt(None, list(req.prompt))
-        if req.prompt is not None:
-            return Prompt(req.prompt, list(self.tokenizer.encode(req.prompt, add_special_tokens=False)))
-        if hasattr(self.tokenizer, "render_chat"):
-            text = self.tokenizer.render_chat(req.messages, tools=req.tools or None, add_generation_prompt=True)
-            return Prompt(text, list(self.tokenizer.encode(text, add_special_tokens=False)))
-        ids = self.tokenizer.apply_chat_template(req.messages, tools=req.tools or None, add_generation_prompt=True)
-        return Prompt(None, list(ids))
+            text = self.tokenizer.render_chat(req.messages, tools=req.tools or None,
+                                              add_generation_prompt=True)
+        return Prompt(text, self.tokenizer.encode(text, add_special_tokens=False))
 
 
 def render_all(renderer: Renderer, reqs: list[BenchRequest]) -> dict[str, Prompt]:
