@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.data import REPO_ROOT, data_root, shared_data  # noqa: F401  (re-exported)
+from helpers.data import data_root, shared_data  # noqa: F401  (re-exported)
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ capacity), cache breakers, the prefix-sharing tree, and costs under provider pri
 sheets (``prices/*.json``). Modules, one concept each:
 
 - :mod:`.records`, :mod:`.usage`: the request shape and normalised provider usage;
-- :mod:`.logs`: log readers; :mod:`.render`, :mod:`.tokenizer`,
-  :mod:`.simple_tokenizers`, :mod:`.encode`: prompts to tokens;
+- :mod:`.logs`: log readers; :mod:`.render`, :mod:`.encode`: prompts to tokens (the
+  tokenizers are :mod:`prefixcache.text`'s);
 - :mod:`.replay` (with :mod:`.expiry`), :mod:`.sweep`, :mod:`.capacity`: the cache core
   replay; :mod:`.breakers`, :mod:`.tree`, :mod:`.textmap`: where prompts share and break;
 - :mod:`.pricing`, :mod:`.cost`, :mod:`.breakpoints`: price sheets and cost models;
@@ -18,7 +18,7 @@ Library use::
 
     from prefixcache.analyze import AnalyzeOptions, analyze_requests
     from prefixcache.analyze.logs import load_logs
-    from prefixcache.analyze.tokenizer import load_tokenizer
+    from prefixcache.text.loading import load_tokenizer
     report = analyze_requests(load_logs(["log.jsonl"]), load_tokenizer("approx"),
                               AnalyzeOptions(block_size=16))
 """

@@ -110,8 +110,8 @@ def run(args) -> int:
     from prefixcache.analyze.capacity import capacity_tokens, kv_bytes_per_token_from_config
     from prefixcache.analyze.logs import LogFormatError, load_logs
     from prefixcache.analyze.pricing import PriceSheetError, parse_price_specs
-    from prefixcache.analyze.render import TemplateError
-    from prefixcache.analyze.tokenizer import TokenizerError, load_tokenizer
+    from prefixcache.text.chat_template import ChatTemplateError
+    from prefixcache.text.loading import TokenizerError, load_tokenizer
 
     def fail(msg: str) -> int:
         print(f"prefixcache analyze: error: {msg}", file=sys.stderr)
@@ -140,7 +140,7 @@ def run(args) -> int:
             costs=not args.no_cost, inputs=[str(x) for x in args.logs])
         report = analyze_requests(requests, tokenizer, opts)
     except (OSError, ValueError, LogFormatError, TokenizerError, PriceSheetError,
-            TemplateError) as exc:
+            ChatTemplateError) as exc:
         return fail(str(exc))
     if not args.quiet:
         from prefixcache.analyze.table import print_report

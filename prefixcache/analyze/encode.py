@@ -17,8 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefixcache.analyze.records import Request, TokenizedRequest
-from prefixcache.analyze.render import (TemplateError, TemplateRenderer, builtin_response,
-                                        builtin_segments, message_ends)
+from prefixcache.analyze.render import (
+    TemplateRenderer,
+    builtin_response,
+    builtin_segments,
+    message_ends,
+)
+from prefixcache.text.chat_template import ChatTemplateError
+from prefixcache.text.tokenizer import Tokenizer
 
 TEMPLATE_MODES = ("auto", "builtin", "tokenizer")
 _CHECKED_REQUESTS = 3
@@ -37,7 +43,7 @@ class EncodeInfo:
 
 
 class _SegmentEncoder:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer):
         self.tok = tokenizer
         self.cache: dict[str, list[int]] = {}
         self.exact = True  # until a check below fails
@@ -46,12 +52,11 @@ class _SegmentEncoder:
     def encode(self, segs: list[str]) -> tuple[list[int], list[int]]:
         """Token ids of the joined segments, and the token offset after each one."""
         if not self.exact:
-            ids = self.tok.encode("".join(segs))
+            ids = self.tok.encode("".join(segs), add_special_tokens=False)
             return ids, self._ends_by_text(segs, ids)
         new = [s for s in dict.fromkeys(segs) if s not in self.cache]
         if new:
-            batch = getattr(self.tok, "encode_batch", None)
-            encoded = batch(new) if batch and len(new) > 1 else [self.tok.encode(s) for s in new]
+            encoded = self.tok.encode_batch(new, add_special_tokens=False)
             self.cache.update(zip(new, encoded))
         ids: list[int] = []
         ends = []
@@ -60,7 +65,7 @@ class _SegmentEncoder:
             ends.append(len(ids))
         if self.checked < _CHECKED_REQUESTS and len(segs) > 1:
             self.checked += 1
-            whole = self.tok.encode("".join(segs))
+            whole = self.tok.encode("".join(segs), add_special_tokens=False)
             if whole != ids:
                 self.exact = False
                 return whole, self._ends_by_text(segs, whole)
@@ -68,7 +73,7 @@ class _SegmentEncoder:
 
     def _ends_by_text(self, segs: list[str], ids: list[int]) -> list[int]:
         text = "".join(segs)
-        _, offsets = self.tok.encode_offsets(text)
+        _, offsets = self.tok.encode_offsets(text, add_special_tokens=False)
         return _char_to_token_ends(offsets, _cumulative([len(s) for s in segs]))
 
 
@@ -101,7 +106,7 @@ def _template_prompts(requests: list[Request], renderer: TemplateRenderer,
             continue
         try:
             text = renderer.render(r.messages, r.tools, True)
-        except TemplateError as exc:
+        except ChatTemplateError as exc:
             if strict:
                 raise
             return [], [], f"the tokenizer's chat template failed on {r.request_id}: {exc}"
@@ -114,7 +119,7 @@ def _template_prompts(requests: list[Request], renderer: TemplateRenderer,
     return texts, ends, None
 
 
-def encode_requests(requests: list[Request], tokenizer, template: str = "auto",
+def encode_requests(requests: list[Request], tokenizer: Tokenizer, template: str = "auto",
                     responses: bool = True) -> tuple[list[TokenizedRequest], EncodeInfo]:
     """Render and tokenize every request.
 
@@ -125,21 +130,21 @@ def encode_requests(requests: list[Request], tokenizer, template: str = "auto",
 
     Raises:
         ValueError: unknown ``template``, or ``tokenizer`` without a chat template.
-        TemplateError: ``template="tokenizer"`` and the template fails on a request.
+        ChatTemplateError: ``template="tokenizer"`` and the template fails on a request.
     """
     if template not in TEMPLATE_MODES:
         raise ValueError(f"template must be one of {TEMPLATE_MODES}, got {template!r}")
-    name = getattr(tokenizer, "name", type(tokenizer).__name__)
+    name = tokenizer.name or type(tokenizer).__name__
     has_chat = any(r.messages is not None for r in requests)
     info = EncodeInfo(tokenizer=name, renderer="builtin-chatml" if has_chat else "none")
     texts: list[str | None] = []
     char_ends: list[list[int] | None] = []
-    tmpl = getattr(tokenizer, "chat_template", None)
+    tmpl = tokenizer.chat_template
     if template == "tokenizer" and not tmpl:
         raise ValueError(f"tokenizer {name!r} has no chat template")
     renderer = None
     if has_chat and tmpl and template in ("auto", "tokenizer"):
-        renderer = TemplateRenderer(tmpl, dict(getattr(tokenizer, "template_vars", {})))
+        renderer = TemplateRenderer(tokenizer)
         texts, char_ends, why = _template_prompts(requests, renderer, template == "tokenizer")
         if why:
             renderer, info.note = None, why + "; using the builtin ChatML rendering"
@@ -155,7 +160,7 @@ def encode_requests(requests: list[Request], tokenizer, template: str = "auto",
                 tr.prompt_ids = list(r.prompt)
             else:
                 tr.prompt_text = r.prompt or ""
-                tr.prompt_ids = tokenizer.encode(tr.prompt_text)
+                tr.prompt_ids = tokenizer.encode(tr.prompt_text, add_special_tokens=False)
                 tr.char_ends = [len(tr.prompt_text)]
             tr.boundaries, tr.boundary_roles = [len(tr.prompt_ids)], ["prompt"]
             if r.response is not None:
@@ -163,7 +168,7 @@ def encode_requests(requests: list[Request], tokenizer, template: str = "auto",
                     (r.response.get("content") or "")
         elif renderer is not None:
             tr.prompt_text = text = texts[i]
-            tr.prompt_ids, offsets = tokenizer.encode_offsets(text)
+            tr.prompt_ids, offsets = tokenizer.encode_offsets(text, add_special_tokens=False)
             tr.char_ends = char_ends[i] or []
             tr.boundaries = _char_to_token_ends(offsets, tr.char_ends)
             tr.boundary_roles = [m["role"] for m in r.messages][:len(tr.boundaries)]
@@ -181,7 +186,7 @@ def encode_requests(requests: list[Request], tokenizer, template: str = "auto",
             if r.response is not None:
                 resp_text = builtin_response(r.response)
         if responses and resp_text:
-            tr.response_ids = tokenizer.encode(resp_text)
+            tr.response_ids = tokenizer.encode(resp_text, add_special_tokens=False)
         out.append(tr)
     info.segment_cache = renderer is None and has_chat and seg.exact
     return out, info

@@ -4,11 +4,12 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from prefixcache.analyze.records import TokenizedRequest
+from prefixcache.text.tokenizer import Tokenizer
 
 CONTEXT_CHARS = 40
 
 
-def char_offset(tokenizer, tr: TokenizedRequest, token_index: int) -> int | None:
+def char_offset(tokenizer: Tokenizer, tr: TokenizedRequest, token_index: int) -> int | None:
     """Character offset in ``tr.prompt_text`` where token ``token_index`` starts
     (``len(text)`` at the end); ``None`` when the prompt has no text (token ids).
 
@@ -26,7 +27,7 @@ def char_offset(tokenizer, tr: TokenizedRequest, token_index: int) -> int | None
             t0, c0 = tr.boundaries[s - 1], tr.char_ends[s - 1]
         if s < len(tr.char_ends):
             c1 = tr.char_ends[s]
-    _, offsets = tokenizer.encode_offsets(text[c0:c1])
+    _, offsets = tokenizer.encode_offsets(text[c0:c1], add_special_tokens=False)
     k = token_index - t0
     if k >= len(offsets):
         return c1
@@ -40,7 +41,7 @@ def around(text: str, at: int, width: int = CONTEXT_CHARS) -> str:
             + ("…" if hi < len(text) else ""))
 
 
-def prompt_context(tokenizer, tr: TokenizedRequest, token_index: int,
+def prompt_context(tokenizer: Tokenizer, tr: TokenizedRequest, token_index: int,
                    width: int = CONTEXT_CHARS) -> tuple[int | None, str]:
     """The char offset of a token and the text around it (decoded ids when the prompt
     has no text)."""
@@ -48,7 +49,8 @@ def prompt_context(tokenizer, tr: TokenizedRequest, token_index: int,
     if c is None:  # token-id prompt: decoded text, or the ids if they do not decode
         ids = tr.prompt_ids
         head, tail = ids[max(0, token_index - 12):token_index], ids[token_index:token_index + 12]
-        before, after = tokenizer.decode(head), tokenizer.decode(tail)
+        before = tokenizer.decode(head, skip_special_tokens=False)
+        after = tokenizer.decode(tail, skip_special_tokens=False)
         if "\ufffd" in before + after:
             before = " ".join(map(str, head[-6:])) + " "
             after = " ".join(map(str, tail[:6]))

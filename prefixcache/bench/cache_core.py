@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from prefixcache.cache import KVCacheManager
+from prefixcache.paths import data_root
 
 MOONCAKE_BLOCK = 512
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "data" / "mooncake_traces" / "conversation_trace.jsonl"
+TRACE_FILE = ("mooncake_traces", "conversation_trace.jsonl")  # under the data root
 DEFAULT_POOL_PAGES = "256,512,1024,2048,4096,8192,16384,32768"
 SPEED_TARGET_US_PER_TOKEN = 0.3
 
@@ -53,8 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("mode", choices=["mooncake", "hash-speed", "all"], nargs="?",
                    default="all", help="what to run (default: all)")
     p.add_argument("--trace", type=Path, default=None,
-                   help=f"Mooncake trace (default: {DEFAULT_TRACE}, or "
-                        "$PREFIXCACHE_DATA/mooncake_traces/conversation_trace.jsonl)")
+                   help="Mooncake trace (default: mooncake_traces/conversation_trace.jsonl "
+                        "in the shared data folder, $PREFIXCACHE_DATA)")
     p.add_argument("--pool-pages", default=DEFAULT_POOL_PAGES,
                    help="comma-separated pool sizes in 512-token pages (default: %(default)s)")
     p.add_argument("--pool-tokens", default=None,
@@ -77,10 +77,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 # -- Mooncake replay ------------------------------------------------------------------------
 
 def default_trace() -> Path:
-    env = os.environ.get("PREFIXCACHE_DATA")
-    if env:
-        return Path(env) / "mooncake_traces" / "conversation_trace.jsonl"
-    return DEFAULT_TRACE
+    """The Mooncake trace in the shared data folder (:func:`prefixcache.paths.data_root`)."""
+    return data_root().joinpath(*TRACE_FILE)
 
 
 def load_trace(path: Path, limit: int | None = None) -> list[dict]:

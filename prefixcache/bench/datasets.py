@@ -5,32 +5,32 @@ dicts, assistant ``tool_calls`` as lists, tool schemas as OpenAI ``tools`` entri
 the workload builders never see a source file format. Nothing here is copied into the
 repository; the files are read where they lie.
 
-The data root is ``$PREFIXCACHE_DATA`` when set, else ``<repo>/../shared/data``.
+The data root is :func:`prefixcache.paths.data_root` (``$PREFIXCACHE_DATA``, or
+``<repo>/../shared/data`` in a source checkout).
 """
 from __future__ import annotations
 
 import ast
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from prefixcache.paths import data_root
 
 
 class DataMissing(FileNotFoundError):
     """A shared data folder or file is absent; the message names it."""
 
 
-def data_root() -> Path:
-    env = os.environ.get("PREFIXCACHE_DATA")
-    return Path(env) if env else (REPO_ROOT.parent / "shared" / "data").resolve()
-
-
 def data_path(*parts: str, root: Path | None = None) -> Path:
     """Path under the data root; raises :class:`DataMissing` naming the missing path."""
-    p = (root or data_root()).joinpath(*parts)
+    if root is None:
+        try:
+            root = data_root()
+        except FileNotFoundError as e:
+            raise DataMissing(str(e)) from None
+    p = root.joinpath(*parts)
     if not p.exists():
         raise DataMissing(f"benchmark data not found: {p} (set PREFIXCACHE_DATA to the "
                           f"shared/data folder)")

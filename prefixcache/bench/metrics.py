@@ -130,7 +130,7 @@ def cross_tenant_hits(results: list[RequestResult], token_ids: dict[str, list[in
             continue
         seen_by = r.first_token_time if r.first_token_time is not None else r.end_time
         ids = token_ids[r.id]
-        best = max((_lcp(ids, token_ids[e.id]) for e in results
+        best = max((len(os.path.commonprefix([ids, token_ids[e.id]])) for e in results
                     if e is not r and e.tenant == r.tenant and (seen_by is None or e.send_time < seen_by)),
                    default=0)
         bound = -(-best // block_size) * block_size
@@ -138,14 +138,6 @@ def cross_tenant_hits(results: list[RequestResult], token_ids: dict[str, list[in
             hits += 1
             tokens += r.cached_tokens - bound
     return hits, tokens
-
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 # --------------------------------------------------------------------------- memory

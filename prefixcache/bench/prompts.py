@@ -7,11 +7,14 @@ side, and sends every peer the same text (``/v1/completions``) or the same token
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from prefixcache.bench.workloads import BenchRequest
+from prefixcache.text.loading import tokenizer_for_model
+from prefixcache.text.tokenizer import Tokenizer
 
 
 @dataclass
@@ -24,17 +27,22 @@ class Renderer(Protocol):
     def render(self, req: BenchRequest) -> Prompt: ...
 
 
-class HFRenderer:
-    """Renders with a Hugging Face tokenizer (``AutoTokenizer`` of the model dir)."""
+class TokenizerRenderer:
+    """Renders with the model's tokenizer (:mod:`prefixcache.text`): its chat template,
+    then its ids without added special tokens (the template writes any BOS itself)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "HFRenderer":
-        from transformers import AutoTokenizer
+    def from_dir(cls, model_dir: str | Path) -> "TokenizerRenderer":
+        """The tokenizer of a Hugging Face model directory.
 
-        return cls(AutoTokenizer.from_pretrained(str(model_dir)))
+        Raises: FileNotFoundError if the directory holds no tokenizer files."""
+        tok = tokenizer_for_model(model_dir)
+        if tok is None:
+            raise FileNotFoundError(f"no tokenizer files in {model_dir}")
+        return cls(tok)
 
     def render(self, req: BenchRequest) -> Prompt:
         if isinstance(req.prompt, list):
@@ -42,40 +50,13 @@ class HFRenderer:
         if req.prompt is not None:
             text = req.prompt
         else:
-            text = self.tokenizer.apply_chat_template(req.messages, tools=req.tools or None, tokenize=False,
-                                                      add_generation_prompt=True)
-        return Prompt(text, list(self.tokenizer.encode(text, add_special_tokens=False)))
-
-
-class EngineTokenizerRenderer:
-    """Renders with prefixcache's own tokenizer (``llm.tokenizer``), for models without a
-    Hugging Face directory such as ``builtin:tiny``."""
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-
-    def render(self, req: BenchRequest) -> Prompt:
-        if isinstance(req.prompt, list):
-            return Prompt(None, list(req.prompt))
-        if req.prompt is not None:
-            return Prompt(req.prompt, list(self.tokenizer.encode(req.prompt, add_special_tokens=False)))
-        if hasattr(self.tokenizer, "render_chat"):
-            text = self.tokenizer.render_chat(req.messages, tools=req.tools or None, add_generation_prompt=True)
-            return Prompt(text, list(self.tokenizer.encode(text, add_special_tokens=False)))
-        ids = self.tokenizer.apply_chat_template(req.messages, tools=req.tools or None, add_generation_prompt=True)
-        return Prompt(None, list(ids))
+            text = self.tokenizer.render_chat(req.messages, tools=req.tools or None,
+                                              add_generation_prompt=True)
+        return Prompt(text, self.tokenizer.encode(text, add_special_tokens=False))
 
 
 def render_all(renderer: Renderer, reqs: list[BenchRequest]) -> dict[str, Prompt]:
     return {r.id: renderer.render(r) for r in reqs}
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def label_warm_by_overlap(reqs: list[BenchRequest], prompts: dict[str, Prompt], threshold: float = 0.5) -> None:
@@ -86,6 +67,6 @@ def label_warm_by_overlap(reqs: list[BenchRequest], prompts: dict[str, Prompt], 
         ids = prompts[r.id].token_ids
         prev = earlier.setdefault(r.tenant, [])
         if r.warm_expected is None:
-            best = max((common_prefix_len(ids, p) for p in prev), default=0)
+            best = max((len(os.path.commonprefix([ids, p])) for p in prev), default=0)
             r.warm_expected = bool(ids) and best >= threshold * len(ids)
         prev.append(ids)

@@ -21,7 +21,7 @@ from typing import Callable
 from prefixcache.bench import workloads as wl
 from prefixcache.bench.metrics import RunInfo, summarize
 from prefixcache.bench.peers import PEER_NAMES, PeerContext, PeerUnavailable, make_peer
-from prefixcache.bench.prompts import HFRenderer, Prompt, label_warm_by_overlap
+from prefixcache.bench.prompts import Prompt, TokenizerRenderer, label_warm_by_overlap
 
 DEFAULT_MODEL = "bench"  # the random-weight Llama of bench_model.py
 
@@ -121,11 +121,10 @@ def weights_digest(model_dir: Path | None) -> str | None:
 
 def make_renderer(model: str, model_dir: Path | None):
     if model_dir is not None:
-        return HFRenderer.from_dir(model_dir)
-    from prefixcache.bench.prompts import EngineTokenizerRenderer
+        return TokenizerRenderer.from_dir(model_dir)
     from prefixcache.model.loader import load_model
 
-    return EngineTokenizerRenderer(load_model(model, device="cpu", dtype="float32").tokenizer)
+    return TokenizerRenderer(load_model(model, device="cpu", dtype="float32").tokenizer)
 
 
 def build_all(names: list[str], cfg: wl.WorkloadConfig, renderer) -> tuple[dict, dict]:
@@ -164,7 +163,8 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
                   for p in [rendered[name][r.id]])
     max_model_len = -(-(longest + 64) // 1024) * 1024
     tenants = sorted({r.tenant for reqs in built.values() for r in reqs if r.tenant})
-    eos = getattr(getattr(renderer, "tokenizer", None), "eos_token_id", None)
+    tok = getattr(renderer, "tokenizer", None)
+    eos = min(tok.eos_token_ids, default=None) if model_dir and tok is not None else None
     work_dir = opts.work_dir or ((opts.out_dir / "_scratch") if opts.out_dir
                                  else Path.home() / ".cache" / "prefixcache" / "bench-scratch")
     ctx = PeerContext(model=model, model_dir=model_dir, dtype=opts.dtype, threads=opts.threads,

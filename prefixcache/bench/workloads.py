@@ -23,6 +23,7 @@ Workloads (all built from ``shared/data``; see each folder's SOURCE.md):
 """
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -158,17 +159,9 @@ def pick_system_prompts(patterns: dict[str, str], n: int, min_chars: int, max_ch
         if len(picked) == n:
             break
         text = patterns[k]
-        if all(_common_prefix_chars(text, patterns[p]) < 0.25 * min(len(text), len(patterns[p])) for p in picked):
+        if all(len(os.path.commonprefix([text, patterns[p]])) < 0.25 * min(len(text), len(patterns[p])) for p in picked):
             picked.append(k)
     return [(k, patterns[k]) for k in picked]
-
-
-def _common_prefix_chars(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def user_questions(root: Path | None, max_chars: int) -> list[str]:

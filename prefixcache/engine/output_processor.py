@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from prefixcache.engine.request import Request
-from prefixcache.model.detokenizer import IncrementalDetokenizer
 from prefixcache.model.sampler import TokenLogprobs
-from prefixcache.model.tokenizer import Tokenizer
 from prefixcache.outputs import CompletionOutput, Logprob, RequestOutput
+from prefixcache.text.detokenizer import IncrementalDetokenizer
+from prefixcache.text.tokenizer import Tokenizer
 
 
 class OutputProcessor:

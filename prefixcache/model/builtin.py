@@ -23,14 +23,12 @@ both end generation.
 """
 from __future__ import annotations
 
-import re
-
 import torch
 
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.llama import PagedLlama
-from prefixcache.model.tokenizer import Tokenizer
 from prefixcache.model.weights import expected_hf_keys, load_hf_weights
+from prefixcache.text.byte_tokenizer import ByteTokenizer
 
 SEED = 20240601
 INIT_STD = 0.02
@@ -113,48 +111,10 @@ def build_tiny_model(device: torch.device | str = "cpu",
     return model
 
 
-class ByteTokenizer(Tokenizer):
-    """Byte-level tokenizer of ``builtin:tiny`` (see module doc). ``encode`` maps
-    special-token strings in the text to their ids; ``add_special_tokens`` prepends
-    ``<bos>``. ``decode`` replaces invalid UTF-8 with U+FFFD."""
-
-    def __init__(self):
-        self.bos_token_id = BOS_ID
-        self.eos_token_ids = {EOS_ID, END_ID}
-        self.chat_template = CHAT_TEMPLATE
-        self._special_ids = {tok: 256 + k for k, tok in enumerate(SPECIAL_TOKENS)}
-        self._special_text = {i: t for t, i in self._special_ids.items()}
-        self._split = re.compile("(" + "|".join(map(re.escape, SPECIAL_TOKENS)) + ")")
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = [BOS_ID] if add_special_tokens else []
-        for k, part in enumerate(self._split.split(text)):
-            if k % 2:  # odd parts are the captured special tokens
-                ids.append(self._special_ids[part])
-            else:
-                ids.extend(part.encode("utf-8"))
-        return ids
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        out, pending = [], bytearray()
-        for i in ids:
-            if i < 256:
-                pending.append(i)
-                continue
-            out.append(pending.decode("utf-8", errors="replace"))
-            pending.clear()
-            if not skip_special_tokens and i in self._special_text:
-                out.append(self._special_text[i])
-        out.append(pending.decode("utf-8", errors="replace"))
-        return "".join(out)
-
-    @property
-    def vocab_size(self) -> int:
-        return VOCAB_SIZE
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        return sorted(self._special_text)
-
-    def _template_tokens(self) -> dict[str, str]:
-        return {"bos_token": "<bos>", "eos_token": "<eos>"}
+def tiny_tokenizer() -> ByteTokenizer:
+    """The builtin model's tokenizer: bytes, :data:`SPECIAL_TOKENS` from id 256, padded to
+    :data:`VOCAB_SIZE`; ``<bos>`` begins a sequence, ``<eos>`` and ``<|end|>`` end one;
+    chat template :data:`CHAT_TEMPLATE`."""
+    return ByteTokenizer(SPECIAL_TOKENS, bos_token="<bos>", eos_tokens=("<eos>", "<|end|>"),
+                         vocab_size=VOCAB_SIZE, chat_template=CHAT_TEMPLATE,
+                         name="builtin:tiny")

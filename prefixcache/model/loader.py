@@ -16,8 +16,9 @@ from prefixcache.config import resolve_dtype
 from prefixcache.model import builtin
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.llama import PagedLlama
-from prefixcache.model.tokenizer import Tokenizer, load_tokenizer
 from prefixcache.model.weights import check_hf_keys, load_hf_weights
+from prefixcache.text.loading import tokenizer_for_model
+from prefixcache.text.tokenizer import Tokenizer
 
 BUILTIN_MODELS = ("builtin:tiny",)
 
@@ -106,7 +107,7 @@ def load_model(model: str, device: torch.device | str = "cpu",
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
         net = builtin.build_tiny_model(device, dtype)
-        return LoadedModel(net, net.config, builtin.ByteTokenizer(), model,
+        return LoadedModel(net, net.config, builtin.tiny_tokenizer(), model,
                            builtin.CHAT_TEMPLATE)
     path = Path(model).expanduser()
     if not path.is_dir():
@@ -116,6 +117,6 @@ def load_model(model: str, device: torch.device | str = "cpu",
     net = PagedLlama(config, device, dtype)
     load_weights(net, files)
     net.eval()
-    tokenizer = load_tokenizer(path, config.bos_token_id, config.eos_token_ids)
+    tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
     return LoadedModel(net, config, tokenizer, model.rstrip("/") or model,
                        tokenizer.chat_template if tokenizer else None, path)

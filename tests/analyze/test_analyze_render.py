@@ -5,7 +5,7 @@ import pytest
 from prefixcache.analyze.encode import encode_requests
 from prefixcache.analyze.records import Request
 from prefixcache.analyze.render import builtin_response, builtin_segments
-from prefixcache.analyze.tokenizer import load_tokenizer
+from prefixcache.text.loading import load_tokenizer
 from helpers.data import shared_data
 
 TOOL = {"type": "function", "function": {"name": "bash", "parameters": {}}}
@@ -47,7 +47,7 @@ def test_bytes_tokens_boundaries_and_response():
     # segment 1 + len("user:ann\nU") + 1 + 1
     assert tr.boundaries == [11, 11 + 13] and tr.boundary_roles == ["system", "user"]
     assert tr.char_ends == [len("<|im_start|>system\nS<|im_end|>\n"), len(text) - 22]
-    assert tok.decode(tr.response_ids) == "ok<|im_end|>\n"
+    assert tok.decode(tr.response_ids, skip_special_tokens=False) == "ok<|im_end|>\n"
     (no_resp,), _ = encode_requests([r], tok, responses=False)
     assert no_resp.response_ids == []
 

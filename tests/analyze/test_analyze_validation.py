@@ -9,7 +9,7 @@ from prefixcache.analyze.encode import encode_requests
 from prefixcache.analyze.logs import load_logs
 from prefixcache.analyze.pricing import parse_price_specs
 from prefixcache.analyze.replay import replay
-from prefixcache.analyze.tokenizer import load_tokenizer
+from prefixcache.text.loading import load_tokenizer
 from prefixcache.analyze.validate import compare_recorded
 from helpers.data import shared_data
 

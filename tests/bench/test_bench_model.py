@@ -7,7 +7,7 @@ import pytest
 
 from helpers.data import shared_data
 from prefixcache.bench.bench_model import CHAT_TEMPLATE, BenchModelSpec, count_parameters, ensure_bench_model
-from prefixcache.bench.prompts import HFRenderer, label_warm_by_overlap
+from prefixcache.bench.prompts import TokenizerRenderer, label_warm_by_overlap
 from prefixcache.bench.workloads import BenchRequest, conversation_requests
 
 TINY = BenchModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -37,7 +37,7 @@ def test_model_dir_matches_the_tokenizer(tiny_dir):
 
 
 def test_rendering_is_stable_across_turns(tiny_dir):
-    r = HFRenderer.from_dir(tiny_dir)
+    r = TokenizerRenderer.from_dir(tiny_dir)
     msgs = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hello world"},
             {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again"},
             {"role": "assistant", "content": "", "tool_calls": [

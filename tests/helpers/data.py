@@ -1,5 +1,5 @@
-"""Where the shared benchmark/test data lives (``<repo>/../shared/data``, or
-``$PREFIXCACHE_DATA``).
+"""Where the shared benchmark/test data lives: :func:`prefixcache.paths.data_root`
+(``$PREFIXCACHE_DATA``, or ``<repo>/../shared/data``).
 
 ``shared_data(name)`` returns the path of a folder (or file) there. When it is missing the
 calling test is skipped with a message naming the missing path, except under CI
@@ -15,12 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def data_root() -> Path:
-    env = os.environ.get("PREFIXCACHE_DATA")
-    return Path(env) if env else (REPO_ROOT.parent / "shared" / "data").resolve()
+from prefixcache.paths import data_root
 
 
 def shared_data(name: str) -> Path:

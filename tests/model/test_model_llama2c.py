@@ -9,8 +9,9 @@ from transformers import LlamaForCausalLM
 from helpers.hf_models import hf_greedy, hf_logits
 from helpers.llama2c import convert
 from helpers.paged import PagedRunner, Seq
-from prefixcache.model import IncrementalDetokenizer, load_model
-from prefixcache.model.tokenizer import JSONTokenizer
+from prefixcache.model import load_model
+from prefixcache.text.detokenizer import IncrementalDetokenizer
+from prefixcache.text.json_tokenizer import JSONTokenizer
 
 PROMPT = "Once upon a time"
 PROMPT_IDS = [1, 403, 407, 261, 378]

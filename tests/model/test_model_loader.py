@@ -11,7 +11,8 @@ import torch
 from helpers.hf_models import make_hf_model, save_hf_model
 from helpers.paged import PagedRunner, Seq
 from prefixcache.model import load_model
-from prefixcache.model.builtin import ByteTokenizer, tiny_weights
+from prefixcache.model.builtin import tiny_weights
+from prefixcache.text.byte_tokenizer import ByteTokenizer
 
 
 TINY_SHA256 = "d00f527d8a3581a92ef5529562a57bf49fc515bf2ca3f410b974018c956d8b36"

@@ -7,18 +7,16 @@ the results record. A peer that cannot run here raises :class:`PeerUnavailable` 
 """
 from __future__ import annotations
 
-import os
 import socket
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from prefixcache import paths
 from prefixcache.bench.metrics import RequestResult
 from prefixcache.bench.prompts import Prompt
 from prefixcache.bench.workloads import BenchRequest
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class PeerUnavailable(RuntimeError):
@@ -36,9 +34,11 @@ class PeerContext:
         block_size: our page size in tokens. max_model_len: longest prompt + output.
         kv_cache_gib: KV pool size given to engines that take one.
         api: ``completions`` or ``chat`` for serving peers.
-        work_dir: scratch space (server logs, GGUF files).
-        peers_dir: where ``scripts/install_peers.sh`` put the peer venvs (``.peers`` in the
-            repository, or ``$PREFIXCACHE_PEERS_DIR``).
+        work_dir: scratch space (server logs, GGUF files); default
+            :func:`prefixcache.paths.scratch_dir`.
+        peers_dir: where ``scripts/install_peers.sh`` put the peer venvs; default
+            :func:`prefixcache.paths.peers_dir` (``$PREFIXCACHE_PEERS``, or ``.peers`` in
+            the repository).
     """
 
     model: str
@@ -49,8 +49,8 @@ class PeerContext:
     max_model_len: int = 8192
     kv_cache_gib: float = 2.0
     api: str = "completions"
-    work_dir: Path = REPO_ROOT / "benchmarks" / "_scratch"
-    peers_dir: Path = Path(os.environ.get("PREFIXCACHE_PEERS_DIR") or REPO_ROOT / ".peers")
+    work_dir: Path = field(default_factory=paths.scratch_dir)
+    peers_dir: Path = field(default_factory=paths.peers_dir)
     tenants: tuple[str, ...] = ()
     eos_token_id: int | None = None
 

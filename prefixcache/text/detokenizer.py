@@ -8,7 +8,7 @@ holds text back while it ends in an incomplete character.
 """
 from __future__ import annotations
 
-from prefixcache.model.tokenizer import Tokenizer
+from prefixcache.text.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 _CONTEXT_TOKENS = 5  # prompt tokens kept as left context for the first delta

@@ -1,40 +1,11 @@
+"""Prompts to tokens: the segment cache and token -> character offsets."""
 import pytest
+from helpers.data import shared_data
 
 from prefixcache.analyze.encode import encode_requests
 from prefixcache.analyze.logs import load_log
 from prefixcache.analyze.textmap import char_offset
-from prefixcache.analyze.tokenizer import TokenizerError, load_tokenizer
-from helpers.data import shared_data
-
-FOX = "Hello world, the quick brown fox."
-
-
-def test_shared_tokenizers_give_their_known_ids():
-    shared_data("tokenizers")
-    assert load_tokenizer("qwen2").encode(FOX) == [9707, 1879, 11, 279, 3974, 13876, 38835, 13]
-    assert load_tokenizer("gpt2").encode(FOX) == [15496, 995, 11, 262, 2068, 7586, 21831, 13]
-    q = load_tokenizer("qwen2")
-    assert q.encode("<|im_start|>user\nhi<|im_end|>") == [151644, 872, 198, 6023, 151645]
-
-
-def test_approx_is_deterministic_and_chunks_long_words():
-    a, b = load_tokenizer("approx"), load_tokenizer("approx")
-    ids, offs = a.encode_offsets("an extraordinarily<|im_end|>")
-    assert ids == b.encode("an extraordinarily<|im_end|>")
-    # "an", " extraor" (8 bytes), "dinarily", then the marker as one token
-    assert offs == [(0, 2), (2, 10), (10, 18), (18, 28)]
-    assert a.decode(ids) == "an extraordinarily<|im_end|>"
-
-
-def test_bytes_tokenizer():
-    t = load_tokenizer("bytes")
-    assert t.encode("é<|im_start|>") == [0xC3, 0xA9, 257]
-    assert t.decode([0xC3, 0xA9, 257]) == "é<|im_start|>"
-
-
-def test_unknown_tokenizer():
-    with pytest.raises(TokenizerError, match="no such file"):
-        load_tokenizer("/nonexistent/tok")
+from prefixcache.text.loading import load_tokenizer
 
 
 @pytest.mark.parametrize("spec", ["qwen2", "gpt2"])
