@@ -45,7 +45,6 @@ class PageTable:
     mm_hashes: tuple = ()
     extra_keys: tuple = ()
     read_cache: bool = True
-    tenant: str | None = None
     pages: list[int] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)
     chain_refs: list[ParentRef | None] = field(default_factory=list)
