@@ -25,6 +25,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 
 DEFAULT_ROOT_SEED = b"prefixcache/v1"
 DIGEST_BYTES = 16  # 128 bits
@@ -101,8 +102,9 @@ class PageHasher:
     Args:
         model_id: identifies the weights (a path or name); part of every root.
         root_seed: bytes or str; ``None`` means :data:`DEFAULT_ROOT_SEED`.
-        hash_fn: ``bytes -> bytes``; default BLAKE2b-128. Tests may inject a weak hash
-            to force collisions; the index never trusts the hash alone.
+        hash_fn: ``bytes -> bytes`` with digests of one fixed size; default BLAKE2b-128.
+            Tests may inject a weak hash to force collisions; the index never trusts
+            the hash alone.
 
     Raises:
         TypeError: ``root_seed`` is not ``str``, ``bytes`` or ``None``.
@@ -157,17 +159,15 @@ class PageHasher:
             raise ValueError(f"raw holds {len(raw)} bytes, not whole pages of {page_bytes}")
         if not isinstance(extras, (bytes, bytearray)) and len(extras) != n:
             raise ValueError(f"extras has {len(extras)} entries for {n} pages")
-        hash_fn, out = self.hash_fn, []
-        # The head depends only on the parent's length, constant along a chain.
-        plen = len(prev)
-        head = b"P" + struct.pack(">II", plen, page_bytes)
-        for j in range(n):
-            if len(prev) != plen:  # an injected hash_fn of varying digest size
-                plen = len(prev)
-                head = b"P" + struct.pack(">II", plen, page_bytes)
-            extra = extras if isinstance(extras, (bytes, bytearray)) else extras[j]
-            prev = hash_fn(head + prev + raw[j * page_bytes:(j + 1) * page_bytes] + extra)
-            out.append(prev)
+        ex = repeat(extras, n) if isinstance(extras, (bytes, bytearray)) else extras
+        # The head depends only on the parent's length: digests have one fixed size.
+        head = b"P" + struct.pack(">II", len(prev), page_bytes)
+        hash_fn = self.hash_fn
+        out: list[bytes] = []
+        append = out.append
+        for off, extra in zip(range(0, n * page_bytes, page_bytes), ex):
+            prev = hash_fn(head + prev + raw[off:off + page_bytes] + extra)
+            append(prev)
         return out
 
     def page_hash(self, parent_hash: bytes, token_bytes: bytes, extra: bytes) -> bytes:

@@ -10,21 +10,24 @@ from __future__ import annotations
 
 from prefixcache.cache.inflight import InflightRegistry
 from prefixcache.cache.page_keys import PageKeys
+from prefixcache.cache.page_pool import PagePool
 from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.prefix_index import PrefixIndex
 from prefixcache.cache.publish import chain_alive
 
 
 class HitFinder:
-    """Answers hit and following queries for the tables of one pool (no side effects).
+    """Hit and following queries for the tables of one pool (no side effects), and
+    :meth:`take`, which extends a table with its hit.
 
     Args:
         enabled: prefix caching on; when off nothing is hit or followed.
     """
 
-    def __init__(self, index: PrefixIndex, inflight: InflightRegistry, keys: PageKeys,
-                 enabled: bool):
-        self.index, self.inflight, self.keys, self.enabled = index, inflight, keys, enabled
+    def __init__(self, pool: PagePool, index: PrefixIndex, inflight: InflightRegistry,
+                 keys: PageKeys, enabled: bool):
+        self.pool, self.index, self.inflight, self.keys = pool, index, inflight, keys
+        self.enabled = enabled
         self.block_size = keys.block_size
 
     def limit(self, pt: PageTable) -> int:
@@ -62,6 +65,23 @@ class HitFinder:
             pages.append(page)
             parent = entry_id[page]
         return pages
+
+    def take(self, pt: PageTable) -> int:
+        """Extend the table with :meth:`match`'s pages (each gains a holder); returns
+        the tokens taken. Taken after the first call, they count as in-flight hits."""
+        first = not pt.admitted
+        pt.admitted = True
+        pages = self.match(pt)
+        for page in pages:
+            self.pool.incref(page)
+            pt.pages.append(page)
+            pt.chain_refs.append(self.index.entry_id[page])
+        tokens = len(pages) * self.block_size
+        pt.num_computed_tokens += tokens
+        pt.num_cached_tokens += tokens
+        if not first:
+            pt.num_inflight_hit_tokens += tokens
+        return tokens
 
     def next_owner(self, pt: PageTable, ahead: int = 0) -> str | None:
         """The other request computing page ``len(pt.pages) + ahead``, if any."""

@@ -1,8 +1,8 @@
 """The KV cache manager: the facade the engine calls around each model step.
 
-It ties together the page pool (:mod:`.page_pool`), page keys and hashes
-(:mod:`.page_keys`, :mod:`.hashing`), the prefix index (:mod:`.prefix_index`), the
-in-flight registry (:mod:`.inflight`) and publication (:mod:`.publish`):
+It ties together the page pool, page keys and hashes, the prefix index, the in-flight
+registry, hits (:mod:`.hits`), allocation (:mod:`.allocation`) and publication
+(:mod:`.publish`):
 
 1. :meth:`~KVCacheManager.new_page_table` when a request is admitted (or re-admitted),
 2. :meth:`~KVCacheManager.take_hits` to read the longest published prefix; a follower
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prefixcache.cache.allocation import Allocator
 from prefixcache.cache.hashing import HashFn, PageHasher
 from prefixcache.cache.hits import HitFinder
 from prefixcache.cache.inflight import InflightRegistry
@@ -30,7 +31,7 @@ from prefixcache.cache.page_pool import PagePool, PageState
 from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.prefix_index import PrefixIndex
 from prefixcache.cache.publish import Publisher
-from prefixcache.cache.stats import CacheCounters
+from prefixcache.cache.stats import CacheCounters, snapshot
 
 
 @dataclass
@@ -72,8 +73,11 @@ class KVCacheManager:
         self.counters = CacheCounters()
         self.tables: dict[str, PageTable] = {}
         self._publisher = Publisher(self.pool, self.index, self.inflight, self.keys,
-                                    self.counters, self.drop_cached)
-        self._hits = HitFinder(self.index, self.inflight, self.keys, enable_prefix_caching)
+                                    self.counters, self.drop_cached, enable_prefix_caching)
+        self._hits = HitFinder(self.pool, self.index, self.inflight, self.keys,
+                               enable_prefix_caching)
+        self._alloc = Allocator(self.pool, self.index, self.inflight, self.keys,
+                                self.counters, self.drop_cached, enable_prefix_caching)
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -98,12 +102,8 @@ class KVCacheManager:
         """
         if request_id in self.tables:
             raise ValueError(f"request_id {request_id!r} already has a page table")
-        root_key = self.hasher.root_key(tenant, cache_salt)
-        pt = PageTable(
-            request_id=request_id, token_ids=token_ids, root_key=root_key,
-            root_hash=self.hasher.root_hash(root_key),
-            page_extra=self.hasher.extra_bytes(tuple(extra_keys)),
-            mm_hashes=tuple(mm_hashes), extra_keys=tuple(extra_keys), read_cache=read_cache)
+        pt = self.keys.new_table(request_id, token_ids, tenant, cache_salt, extra_keys,
+                                 mm_hashes, read_cache)
         self.tables[request_id] = pt
         return pt
 
@@ -131,28 +131,11 @@ class KVCacheManager:
         return len(self.match_pages(pt)) * self.block_size
 
     def take_hits(self, pt: PageTable) -> int:
-        """Extend the table with the longest run of published pages that continue it.
-
-        At the first call this is the admission hit; later calls (a follower polling)
-        take pages a leader published meanwhile (in-flight hits). Never more than
-        :meth:`hit_limit_pages` pages in all.
-
-        Returns:
-            Tokens taken (a multiple of ``block_size``).
-        """
-        first = not pt.admitted
-        pt.admitted = True
-        pages = self.match_pages(pt)
-        for page in pages:
-            self.pool.incref(page)
-            pt.pages.append(page)
-            pt.chain_refs.append(self.index.entry_id[page])
-        tokens = len(pages) * self.block_size
-        pt.num_computed_tokens += tokens
-        pt.num_cached_tokens += tokens
-        if not first:
-            pt.num_inflight_hit_tokens += tokens
-        return tokens
+        """Extend the table with the longest run of published pages that continue it;
+        returns the tokens taken (whole pages, at most :meth:`hit_limit_pages`). The
+        first call is the admission hit; later calls (a follower polling) take pages a
+        leader published meanwhile (in-flight hits)."""
+        return self._hits.take(pt)
 
     def next_page_owner(self, pt: PageTable, ahead: int = 0) -> str | None:
         """The request computing this table's next needed page (``ahead`` pages past
@@ -174,72 +157,33 @@ class KVCacheManager:
     # -- allocation --------------------------------------------------------------------
     def pages_needed(self, pt: PageTable, num_new_tokens: int) -> int:
         """New pages :meth:`allocate` would take for ``num_new_tokens`` more tokens."""
-        total = pt.num_computed_tokens + num_new_tokens
-        return max(0, -(-total // self.block_size) - len(pt.pages))
+        return self._alloc.pages_needed(pt, num_new_tokens)
 
     def can_allocate(self, num_pages: int) -> bool:
         return num_pages <= self.pool.num_allocatable
 
     def allocate(self, pt: PageTable, num_new_tokens: int) -> bool:
-        """Make room for ``num_new_tokens`` tokens after ``num_computed_tokens``.
-
-        New pages are private (``PENDING``); under pressure the least recently used
-        cached-free pages are evicted. Full prompt pages in the range whose hash is not
-        published are registered as in flight, owned by this request.
-
-        Returns:
-            ``False`` (and changes nothing) if the pool cannot supply the pages.
+        """Make room for ``num_new_tokens`` tokens after ``num_computed_tokens``: new
+        private pages (evicting the least recently used cached-free ones under pressure),
+        and full prompt pages not yet published registered in flight, owned by this
+        request (:mod:`.allocation`). ``False`` (nothing changed) if the pool cannot
+        supply the pages.
 
         Raises:
             ValueError: the range goes past the request's known tokens.
         """
-        bs = self.block_size
-        end = pt.num_computed_tokens + num_new_tokens
-        if end > len(pt.token_ids):
-            raise ValueError(f"cannot schedule {num_new_tokens} tokens: only "
-                             f"{len(pt.token_ids) - pt.num_computed_tokens} are known")
-        need = self.pages_needed(pt, num_new_tokens)
-        if need > self.pool.num_allocatable:
-            return False
-        for _ in range(need):
-            if not self.pool.num_free:  # evict the least recently used cached page
-                self.drop_cached(self.pool.oldest_cached())  # type: ignore[arg-type]
-                self.counters.evictions += 1
-            pt.pages.append(self.pool.pop_free())  # type: ignore[arg-type]
-        if self._hits.enabled and None not in pt.chain_refs[-1:]:
-            first = max(pt.num_computed_tokens // bs, len(pt.chain_refs))
-            last = min(-(-end // bs), len(pt.token_ids) // bs)
-            if last > first:
-                hashes = self.keys.hashes(pt, last)
-                for i in range(first, last):
-                    if hashes[i] not in self.index:
-                        self.inflight.register(hashes[i], pt.request_id)
-        return True
+        return self._alloc.allocate(pt, num_new_tokens)
 
     # -- after a step ------------------------------------------------------------------
     def commit(self, pt: PageTable, num_new_tokens: int) -> int:
-        """The step that wrote ``num_new_tokens`` tokens completed without error.
-
-        Advances ``num_computed_tokens`` and publishes every page that is now full
-        (prompt or decode pages; see :mod:`.publish`).
-
-        Returns:
-            Pages published by this call.
+        """The step that wrote ``num_new_tokens`` tokens completed without error:
+        advance ``num_computed_tokens`` and publish every page now full (prompt or
+        decode pages; see :mod:`.publish`). Returns the pages published.
 
         Raises:
             ValueError: more tokens than were allocated or are known.
         """
-        end = pt.num_computed_tokens + num_new_tokens
-        if end > len(pt.pages) * self.block_size or end > len(pt.token_ids):
-            raise ValueError(f"commit of {num_new_tokens} tokens past the allocated pages")
-        pt.num_computed_tokens = end
-        full = end // self.block_size
-        if len(pt.chain_refs) >= full:
-            return 0
-        if not self._hits.enabled:
-            pt.chain_refs.extend([None] * (full - len(pt.chain_refs)))
-            return 0
-        return self._publisher.publish(pt, full)
+        return self._publisher.commit(pt, num_new_tokens)
 
     def fail_step(self, pt: PageTable) -> None:
         """The step that was to write this table's new tokens failed or was cancelled:
@@ -267,10 +211,8 @@ class KVCacheManager:
         Raises:
             PoolError: the page is not cached-free.
         """
-        if self.pool.state[page] != PageState.CACHED_FREE:
-            self.pool.unpublish_cached(page)  # raises, naming the page and its state
+        self.pool.unpublish_cached(page)  # first: it raises for any other state
         self.index.remove(page)
-        self.pool.unpublish_cached(page)
 
     # -- accounting --------------------------------------------------------------------
     def record_query(self, num_prompt_tokens: int, num_cached_tokens: int,
@@ -284,12 +226,7 @@ class KVCacheManager:
 
     def stats(self) -> dict[str, int | float]:
         """Counters (tokens / pages, monotonic) and gauges (pages, current)."""
-        pool = self.pool
-        return self.counters.as_dict() | {
-            "hit_rate": self.counters.hit_rate, "hash_collisions": self.index.collisions,
-            "pages_total": pool.num_pages, "pages_free": pool.num_free,
-            "pages_cached": pool.num_cached, "pages_live": pool.num_live,
-            "pages_indexed": len(self.index), "pages_inflight": len(self.inflight)}
+        return snapshot(self.counters, self.pool, self.index, self.inflight)
 
     def reset(self) -> ResetReport:
         """Clear the prefix cache without touching running requests: every cached-free

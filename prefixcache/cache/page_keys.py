@@ -24,6 +24,17 @@ class PageKeys:
         self.block_size = block_size
         self.page_bytes = 4 * block_size  # tokens_to_bytes: 4 bytes per token
 
+    def new_table(self, request_id: str, token_ids: list[int], tenant: str | None,
+                  cache_salt: str | None, extra_keys: tuple, mm_hashes: tuple,
+                  read_cache: bool) -> PageTable:
+        """An empty page table with its namespace root and extra keys encoded."""
+        root_key = self.hasher.root_key(tenant, cache_salt)
+        return PageTable(
+            request_id=request_id, token_ids=token_ids, root_key=root_key,
+            root_hash=self.hasher.root_hash(root_key),
+            page_extra=self.hasher.extra_bytes(tuple(extra_keys)),
+            mm_hashes=tuple(mm_hashes), extra_keys=tuple(extra_keys), read_cache=read_cache)
+
     def raw(self, pt: PageTable, first: int, last: int) -> bytes:
         """Token bytes of pages ``[first, last)``, ``page_bytes`` per page."""
         bs = self.block_size

@@ -20,6 +20,7 @@ the published page, or take over computing it when it could not be published.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from prefixcache.cache.inflight import InflightRegistry
 from prefixcache.cache.page_keys import PageKeys
@@ -33,7 +34,8 @@ def chain_alive(index: PrefixIndex, pt: PageTable) -> bool:
     """Whether every duplicate position's entry (another request's identical page) is
     still indexed; if one was dropped, the rest of the table's chain is unreachable."""
     page_of_entry = index.page_of_entry
-    return all(page_of_entry(pt.chain_refs[j]) is not None for j in pt.dup_positions)
+    return all(page_of_entry(cast(int, pt.chain_refs[j])) is not None  # entry ids there
+               for j in pt.dup_positions)
 
 
 class Publisher:
@@ -41,12 +43,33 @@ class Publisher:
 
     Args:
         drop_cached: the manager's single "drop a cached page" operation.
+        enabled: prefix caching on; when off pages are finalized but never published.
     """
 
     def __init__(self, pool: PagePool, index: PrefixIndex, inflight: InflightRegistry,
-                 keys: PageKeys, counters: CacheCounters, drop_cached: Callable[[int], None]):
+                 keys: PageKeys, counters: CacheCounters, drop_cached: Callable[[int], None],
+                 enabled: bool):
         self.pool, self.index, self.inflight = pool, index, inflight
         self.keys, self.counters, self.drop_cached = keys, counters, drop_cached
+        self.enabled = enabled
+
+    def commit(self, pt: PageTable, num_new_tokens: int) -> int:
+        """See ``KVCacheManager.commit``: advance the table, publish its full pages.
+
+        Raises:
+            ValueError: more tokens than were allocated or are known.
+        """
+        end = pt.num_computed_tokens + num_new_tokens
+        if end > len(pt.pages) * self.keys.block_size or end > len(pt.token_ids):
+            raise ValueError(f"commit of {num_new_tokens} tokens past the allocated pages")
+        pt.num_computed_tokens = end
+        full = end // self.keys.block_size
+        if len(pt.chain_refs) >= full:
+            return 0
+        if not self.enabled:
+            pt.chain_refs.extend([None] * (full - len(pt.chain_refs)))
+            return 0
+        return self.publish(pt, full)
 
     def publish(self, pt: PageTable, full: int) -> int:
         """Finalize positions ``len(pt.chain_refs) .. full - 1`` (their KV is complete).
