@@ -5,8 +5,15 @@ A hit is the longest run of leading full pages whose hashes are published *and* 
 stored keys (parent entry, token bytes, extra keys) equal the table's, so a hash
 collision never serves wrong KV. It never covers the last token: at most
 ``(len(token_ids) - 1) // block_size`` pages.
+
+A hit is memoised on the table: it holds while the index's generation and the table's
+pages, computed tokens, finalized pages and known tokens are unchanged, so asking again
+within a scheduler step (or over steps in which nothing was published or dropped) costs
+no hashing, no token conversion and no lookups.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from prefixcache.cache.inflight import InflightRegistry
 from prefixcache.cache.page_keys import PageKeys
@@ -14,6 +21,14 @@ from prefixcache.cache.page_pool import PagePool
 from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.prefix_index import PrefixIndex
 from prefixcache.cache.publish import chain_alive
+
+
+class Probe(NamedTuple):
+    """What a table would get from the cache now (``KVCacheManager.probe``)."""
+
+    hit_pages: tuple[int, ...]  # the pages take_hits would take, in order
+    num_cached_free: int        # of those, cached-free (taking them shrinks the LRU)
+    next_owner: str | None      # the other request computing the page after the hit
 
 
 class HitFinder:
@@ -42,9 +57,27 @@ class HitFinder:
         n = len(pt.pages)
         return pt.num_computed_tokens == n * self.block_size and len(pt.chain_refs) == n
 
-    def match(self, pt: PageTable) -> list[int]:
+    def match(self, pt: PageTable) -> tuple[int, ...]:
         """Published pages continuing the table, in order; empty unless it ends on a
-        page boundary of finalized pages."""
+        page boundary of finalized pages. Memoised (see the module docstring)."""
+        state = (self.index.generation, len(pt.pages), pt.num_computed_tokens,
+                 len(pt.chain_refs), len(pt.token_ids))
+        memo = pt.hit_memo
+        if memo is not None and memo[0] == state:
+            return memo[1]
+        pages = tuple(self._match(pt))
+        pt.hit_memo = (state, pages)
+        return pages
+
+    def probe(self, pt: PageTable) -> Probe:
+        """The hit, how many of its pages are cached-free, and the owner of the page
+        after it (if another request computes it)."""
+        pages = self.match(pt)
+        ref = self.pool.ref_count
+        return Probe(pages, sum(1 for p in pages if ref[p] == 0),
+                     self.next_owner(pt, len(pages)))
+
+    def _match(self, pt: PageTable) -> list[int]:
         i, limit = len(pt.pages), self.limit(pt)
         if i >= limit or not self.at_boundary(pt):
             return []

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from prefixcache.cache.allocation import Allocator
 from prefixcache.cache.hashing import HashFn, PageHasher
-from prefixcache.cache.hits import HitFinder
+from prefixcache.cache.hits import HitFinder, Probe
 from prefixcache.cache.inflight import InflightRegistry
 from prefixcache.cache.page_keys import PageKeys
 from prefixcache.cache.page_pool import PagePool, PageState
@@ -124,11 +124,17 @@ class KVCacheManager:
     def match_pages(self, pt: PageTable) -> list[int]:
         """Published pages that continue the table, in order (no side effects; see
         :mod:`.hits`). Empty unless the table ends on a page boundary."""
-        return self._hits.match(pt)
+        return list(self._hits.match(pt))
+
+    def probe(self, pt: PageTable) -> Probe:
+        """:class:`~.hits.Probe`: the hit pages, how many are cached-free, and the
+        other request computing the page after the hit. Memoised per table, so the
+        scheduler may ask every step at O(hit pages) cost (no hashing or lookups)."""
+        return self._hits.probe(pt)
 
     def peek_hits(self, pt: PageTable) -> int:
         """Tokens :meth:`take_hits` would take now (no side effects)."""
-        return len(self.match_pages(pt)) * self.block_size
+        return len(self._hits.match(pt)) * self.block_size
 
     def take_hits(self, pt: PageTable) -> int:
         """Extend the table with the longest run of published pages that continue it;

@@ -125,11 +125,11 @@ class CacheMachine(RuleBasedStateMachine):
             parent, i = e, i + 1
         return out
 
-    def next_owner(self, r: Req):
+    def next_owner(self, r: Req, ahead: int = 0):
         i = len(r.pages)
-        if i >= self.hit_limit(r) or r.computed != i * BS or len(r.chain) != i:
+        if i + ahead >= self.hit_limit(r) or r.computed != i * BS or len(r.chain) != i:
             return None
-        owner = self.inflight.get(r.content(i))
+        owner = self.inflight.get(r.content(i + ahead))
         return None if owner == r.rid else owner
 
     def remove_entry(self, e: Entry):
@@ -433,6 +433,12 @@ class CacheMachine(RuleBasedStateMachine):
             for i, h in enumerate(pt.hashes):   # who computes each page it hashed
                 assert mgr.inflight.owner(h) == self.inflight.get(r.content(i))
             assert mgr.next_page_owner(pt) == self.next_owner(r)
+            # The memoised probe agrees with the model after every operation.
+            want = [e.page for e in self.expected_hits(r)]
+            probe = mgr.probe(pt)
+            assert list(probe.hit_pages) == want == mgr.match_pages(pt)
+            assert probe.num_cached_free == sum(1 for p in want if self.holders[p] == 0)
+            assert probe.next_owner == self.next_owner(r, len(want))
         # ref_count == number of page tables holding the page; states; queues.
         tables_holding = Counter(p for r in self.live.values() for p in r.pages)
         assert tables_holding == self.holders
