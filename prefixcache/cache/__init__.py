@@ -4,9 +4,9 @@ Knows nothing of torch models or HTTP. Modules: :mod:`.hashing` (chained page ha
 :mod:`.page_keys` (a table's page bytes, extras and hashes), :mod:`.page_pool` (states,
 ref counts, LRU), :mod:`.prefix_index` (hash -> verified page), :mod:`.inflight` (who
 computes which page), :mod:`.page_table` (one request's pages), :mod:`.hits` (hits and
-following), :mod:`.publish` (publication), :mod:`.manager` (the facade the engine
-calls), :mod:`.expiry` (TTL), :mod:`.driver` (one request at a time through the core,
-for replays), :mod:`.invariants`.
+following), :mod:`.allocation` (pages for a step), :mod:`.publish` (publication),
+:mod:`.manager` (the facade the engine calls), :mod:`.expiry` (TTL), :mod:`.driver`
+(requests through the core without a model, for replays), :mod:`.invariants`.
 """
 from prefixcache.cache.hashing import PageHasher, encode_parts
 from prefixcache.cache.inflight import InflightRegistry
