@@ -1,31 +1,20 @@
-"""Replaying tokenized requests through the cache core (``KVCacheManager``).
-
-One request at a time, in log order, exactly as the engine drives the core::
-
-    pt = mgr.new_page_table(request_id, prompt_ids, tenant=..., cache_salt=...)
-    hit = mgr.take_hits(pt)          # whole pages, never the last prompt token
-    mgr.allocate(pt, rest); mgr.commit(pt, rest)      # prefill publishes full pages
-    mgr.record_query(len(prompt_ids), hit)
-    (response tokens appended, allocated and committed: decode pages are published)
-    mgr.free(pt)                     # pages become cached-free (LRU-evictable)
-
-Responses: the engine writes KV for every generated token but the last (the last
-sampled token is never fed back), so ``len(response_ids) - 1`` response tokens are
-committed and the pages they fill are published. They never count as hits of the
-request that generated them; the next turn hits them when it repeats the answer.
+"""Replaying tokenized requests through the cache core, with its replay driver
+(:class:`prefixcache.cache.driver.ReplayDriver`: admit, take hits, allocate, commit,
+record the query, publish the response, free), one request at a time in log order.
 
 Capacity: ``capacity_tokens // block_size`` pages; ``None`` = unlimited (a page for
 every prompt and response token of the log, so nothing is ever evicted). A request
 larger than the whole pool cannot run: it counts as a query with 0 cached tokens and
 ``fits=False``. With ``ttl_seconds`` and timestamps, pages idle longer than the TTL
-expire (:mod:`.expiry`).
+expire (:mod:`prefixcache.cache.expiry`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixcache.analyze.expiry import IdleExpiry
 from prefixcache.analyze.records import TokenizedRequest
+from prefixcache.cache.driver import ReplayDriver
+from prefixcache.cache.expiry import IdleExpiry
 from prefixcache.cache.manager import KVCacheManager
 
 
@@ -116,47 +105,29 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
     calls: list[CallResult] = []
     hashes: list[list[bytes]] | None = [] if cfg.keep_hashes else None
     page_use: dict[bytes, PageUse] | None = {} if cfg.track_page_use else None
+    driver = ReplayDriver(mgr, expiry=expiry)
     for r in requests:
         req = r.request
         now = req.timestamp
-        if expiry is not None and now is not None:
-            expiry.expire(now)
         prompt = r.prompt_ids
-        pt = mgr.new_page_table(req.request_id, list(prompt), tenant=req.tenant,
-                                cache_salt=req.cache_salt)
-        hit = mgr.take_hits(pt)
-        n = len(prompt) - pt.num_computed_tokens
-        if not mgr.allocate(pt, n):
-            mgr.free(pt)
-            mgr.record_query(len(prompt), 0)
-            calls.append(CallResult(len(prompt), 0, 0, fits=False))
+        done = driver.serve(req.request_id, prompt, tenant=req.tenant,
+                            cache_salt=req.cache_salt, now=now,
+                            response=r.response_ids if cfg.publish_responses else ())
+        calls.append(CallResult(len(prompt), done.cached_tokens,
+                                done.response_tokens_published, fits=done.fits))
+        if not done.fits:
             if hashes is not None:
                 hashes.append([])
             continue
-        mgr.commit(pt, n)
-        mgr.record_query(len(prompt), hit)
         full = len(prompt) // bs
-        if hashes is not None or page_use is not None:
-            ph = list(mgr.page_hashes(pt, full))
-            if hashes is not None:
-                hashes.append(ph)
-            if page_use is not None:
-                _use_pages(page_use, ph, hit // bs, now if now is not None else float(len(calls)))
-        published = 0
-        resp = r.response_ids
-        if cfg.publish_responses and len(resp) > 1:
-            pt.token_ids.extend(resp)
-            if mgr.allocate(pt, len(resp) - 1):
-                mgr.commit(pt, len(resp) - 1)
-                published = len(resp) - 1
-                if page_use is not None:
-                    done = mgr.page_hashes(pt, (len(prompt) + published) // bs)
-                    _use_pages(page_use, done[full:], 0,
-                               now if now is not None else float(len(calls)))
-        if expiry is not None and now is not None:
-            expiry.touch(pt, now)
-        mgr.free(pt)
-        calls.append(CallResult(len(prompt), hit, published))
+        ph = done.table.hashes  # prompt pages, then the published response's
+        if hashes is not None:
+            hashes.append(ph[:full])
+        if page_use is not None:
+            t = now if now is not None else float(len(calls) - 1)
+            _use_pages(page_use, ph[:full], done.cached_tokens // bs, t)
+            if done.response_tokens_published:
+                _use_pages(page_use, ph[full:], 0, t)
     return ReplayResult(block_size=bs, num_pages=num_pages,
                         capacity_tokens=cfg.capacity_tokens, calls=calls,
                         stats=mgr.stats(), prompt_hashes=hashes, page_use=page_use,

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from prefixcache.cache import KVCacheManager
+from prefixcache.cache.driver import ReplayDriver
 from prefixcache.paths import data_root
 
 MOONCAKE_BLOCK = 512
@@ -130,31 +131,15 @@ def ideal_hits(rows: list[dict]) -> list[int]:
 def replay(rows: list[dict], num_pages: int, concurrency: int = 1) -> dict[str, Any]:
     """Replay the trace through a manager of ``num_pages`` pages of 512 tokens."""
     mgr = KVCacheManager(num_pages, MOONCAKE_BLOCK, model_id="mooncake", root_seed="bench")
-    running = []
+    driver = ReplayDriver(mgr, concurrency=max(1, concurrency))
     skipped = 0
     hit_blocks = []
     t0 = time.perf_counter()
     for i, r in enumerate(rows):
-        pt = mgr.new_page_table(f"r{i}", trace_tokens(r))
-        mgr.take_hits(pt)
-        rest = len(pt.token_ids) - pt.num_computed_tokens
-        # Make room like a scheduler would: finish the oldest running requests first.
-        while running and mgr.pages_needed(pt, rest) > mgr.pool.num_allocatable:
-            mgr.free(running.pop(0))
-        if not mgr.allocate(pt, rest):
-            skipped += 1  # larger than the whole pool: computed without caching
-            hit_blocks.append(0)
-            mgr.record_query(r["input_length"], 0)
-            mgr.free(pt)
-            continue
-        mgr.commit(pt, rest)
-        mgr.record_query(r["input_length"], pt.num_cached_tokens)
-        hit_blocks.append(pt.num_cached_tokens // MOONCAKE_BLOCK)
-        running.append(pt)
-        while len(running) > max(0, concurrency - 1):
-            mgr.free(running.pop(0))
-    for pt in running:
-        mgr.free(pt)
+        done = driver.serve(f"r{i}", trace_tokens(r))
+        skipped += not done.fits  # larger than the whole pool: computed without caching
+        hit_blocks.append(done.cached_tokens // MOONCAKE_BLOCK)
+    driver.finish()
     elapsed = time.perf_counter() - t0
     s = mgr.stats()
     blocks = sum(whole_blocks(r) for r in rows)

@@ -11,17 +11,21 @@ give different inputs, ``("ab", "c")`` and ``("a", "bc")`` too.
 
 ``H`` is BLAKE2b with a 128-bit digest (RFC 7693), never Python's ``hash()``: the result
 is stable across processes and restarts for the same root seed. The default root seed is
-``b"prefixcache/v1"``; set ``PREFIXCACHE_HASH_SEED`` or pass ``root_seed`` to change it
-(changing it invalidates every stored hash, which later KV tiers rely on).
+``b"prefixcache/v1"``; pass ``root_seed`` to change it (changing it invalidates every
+stored hash, which later KV tiers rely on). This module reads no environment: the
+configuration decides the seed and hands it in.
+
+The page framing is written once, in :meth:`PageHasher.chain`; every page hash of the
+project (text or multimodal pages, one page or a whole prompt) goes through it.
 """
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 import sys
 from array import array
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 
 DEFAULT_ROOT_SEED = b"prefixcache/v1"
 DIGEST_BYTES = 16  # 128 bits
@@ -92,28 +96,29 @@ _U32 = next(c for c in "IL" if array(c).itemsize == 4)
 _BYTESWAP = sys.byteorder == "big"
 
 
-def root_seed_from_env() -> bytes:
-    seed = os.environ.get("PREFIXCACHE_HASH_SEED")
-    return seed.encode() if seed else DEFAULT_ROOT_SEED
-
-
 class PageHasher:
     """Computes chain roots and page hashes for one model.
 
     Args:
         model_id: identifies the weights (a path or name); part of every root.
-        root_seed: bytes or str; default from ``PREFIXCACHE_HASH_SEED`` or
-            ``b"prefixcache/v1"``.
-        hash_fn: ``bytes -> bytes``; default BLAKE2b-128. Tests may inject a weak hash
-            to force collisions; the index never trusts the hash alone.
+        root_seed: bytes or str; ``None`` means :data:`DEFAULT_ROOT_SEED`.
+        hash_fn: ``bytes -> bytes`` with digests of one fixed size; default BLAKE2b-128.
+            Tests may inject a weak hash to force collisions; the index never trusts
+            the hash alone.
+
+    Raises:
+        TypeError: ``root_seed`` is not ``str``, ``bytes`` or ``None``.
     """
 
     def __init__(self, model_id: str = "", root_seed: bytes | str | None = None,
                  hash_fn: HashFn | None = None):
         if root_seed is None:
-            root_seed = root_seed_from_env()
-        if isinstance(root_seed, str):
+            root_seed = DEFAULT_ROOT_SEED
+        elif isinstance(root_seed, str):
             root_seed = root_seed.encode()
+        elif not isinstance(root_seed, (bytes, bytearray)):
+            raise TypeError(f"root_seed must be str, bytes or None, got "
+                            f"{type(root_seed).__name__}")
         self.model_id = model_id
         self.root_seed = bytes(root_seed)
         self.hash_fn: HashFn = hash_fn or blake2b_128
@@ -126,11 +131,49 @@ class PageHasher:
     def root_hash(self, root_key: bytes) -> bytes:
         return self.hash_fn(root_key)
 
+    def chain(self, prev: bytes, raw: bytes, extras: bytes | Sequence[bytes],
+              page_bytes: int) -> list[bytes]:
+        """Hashes of consecutive full pages continuing the chain after ``prev``.
+
+        Page ``j`` hashes ``b"P" + >II(len(parent), page_bytes) + parent + tokens_j +
+        extra_j``, its parent being ``prev`` for ``j == 0``, else page ``j - 1``'s hash.
+
+        Args:
+            prev: the hash before the first page (the root hash for page 0).
+            raw: the pages' tokens from :func:`tokens_to_bytes`, ``page_bytes`` each.
+            extras: one :meth:`extra_bytes` for every page, or a sequence with one
+                per page.
+            page_bytes: bytes per page (``4 * block_size``).
+
+        Returns:
+            ``len(raw) // page_bytes`` hashes, in page order.
+
+        Raises:
+            ValueError: ``page_bytes < 1``, ``raw`` is not whole pages, or ``extras``
+                has not one entry per page.
+        """
+        if page_bytes < 1:
+            raise ValueError(f"page_bytes must be >= 1, got {page_bytes}")
+        n, rest = divmod(len(raw), page_bytes)
+        if rest:
+            raise ValueError(f"raw holds {len(raw)} bytes, not whole pages of {page_bytes}")
+        if not isinstance(extras, (bytes, bytearray)) and len(extras) != n:
+            raise ValueError(f"extras has {len(extras)} entries for {n} pages")
+        ex = repeat(extras, n) if isinstance(extras, (bytes, bytearray)) else extras
+        # The head depends only on the parent's length: digests have one fixed size.
+        head = b"P" + struct.pack(">II", len(prev), page_bytes)
+        hash_fn = self.hash_fn
+        out: list[bytes] = []
+        append = out.append
+        for off, extra in zip(range(0, n * page_bytes, page_bytes), ex):
+            prev = hash_fn(head + prev + raw[off:off + page_bytes] + extra)
+            append(prev)
+        return out
+
     def page_hash(self, parent_hash: bytes, token_bytes: bytes, extra: bytes) -> bytes:
-        """Hash of one full page. ``token_bytes`` from :func:`tokens_to_bytes`;
-        ``extra`` from :meth:`extra_bytes` (already typed and length-prefixed)."""
-        return self.hash_fn(b"P" + struct.pack(">II", len(parent_hash), len(token_bytes))
-                            + parent_hash + token_bytes + extra)
+        """Hash of one full page (:meth:`chain` over a single page). ``token_bytes``
+        from :func:`tokens_to_bytes`; ``extra`` from :meth:`extra_bytes`."""
+        return self.chain(parent_hash, token_bytes, extra, len(token_bytes))[0]
 
     @staticmethod
     def extra_bytes(extra_keys: tuple = (), mm_hashes: tuple = ()) -> bytes:

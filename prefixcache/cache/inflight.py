@@ -1,46 +1,37 @@
-"""The in-flight registry: pages being computed, who computes them, and who waits.
+"""The in-flight registry: pages being computed, and which request computes each.
 
 When a request allocates a page whose tokens are known (a prompt page) and whose hash is
 neither published nor in flight, it registers the hash with itself as owner. A second
-request with the same prefix then sees "in flight, owned by R" rather than a miss; it can
-attach as a waiter and is told when the page publishes, or when the owner withdraws
-(abort, preemption, failed step), so the engine can make it wait or take over.
+request with the same prefix then sees "in flight, owned by R" rather than a miss
+(DESIGN.md, "Coordination"): the scheduler lets it follow R, polling
+``KVCacheManager.take_hits`` / ``next_page_owner`` each step, and when R publishes the
+page, or withdraws it (abort, preemption, failed step), the registration is gone and the
+follower reads the page or takes over computing it.
+
+Its size is bounded by the pages of running requests: nothing here outlives them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-PUBLISHED = "published"
-WITHDRAWN = "withdrawn"
-
-
-@dataclass(frozen=True)
-class Wakeup:
-    """Tells waiter ``request_id`` that ``page_hash`` was published or withdrawn."""
-
-    request_id: str
-    page_hash: bytes
-    reason: str  # PUBLISHED or WITHDRAWN
+from collections.abc import Iterator
 
 
 class InflightRegistry:
-    """hash -> owner request id, owner -> its hashes, hash -> waiting request ids."""
+    """hash -> owner request id, and owner -> its hashes. All operations O(1) per hash."""
 
     def __init__(self) -> None:
         self._owner: dict[bytes, str] = {}
         self._owned: dict[str, set[bytes]] = {}
-        self._waiters: dict[bytes, set[str]] = {}
-        self._waiting_on: dict[str, bytes] = {}
 
     def __len__(self) -> int:
         return len(self._owner)
 
+    def __iter__(self) -> Iterator[bytes]:
+        """The in-flight hashes (a snapshot)."""
+        return iter(list(self._owner))
+
     def owner(self, page_hash: bytes) -> str | None:
         """The request computing this page, ``None`` if it is not in flight."""
         return self._owner.get(page_hash)
-
-    def owned_by(self, request_id: str) -> set[bytes]:
-        return set(self._owned.get(request_id, ()))
 
     def register(self, page_hash: bytes, owner: str) -> bool:
         """Register ``owner`` as computing ``page_hash``. Returns ``False`` (and changes
@@ -52,61 +43,22 @@ class InflightRegistry:
         self._owned.setdefault(owner, set()).add(page_hash)
         return True
 
-    def add_waiter(self, page_hash: bytes, waiter: str) -> bool:
-        """Attach ``waiter`` to an in-flight page (a request waits on one page at a
-        time; attaching again moves it). Returns ``False`` if the page is not in flight
-        or ``waiter`` owns it."""
-        owner = self._owner.get(page_hash)
-        if owner is None or owner == waiter:
+    def release(self, page_hash: bytes) -> bool:
+        """The page was published, or its owner computed it but cannot publish it: drop
+        the registration. Returns whether it was in flight."""
+        owner = self._owner.pop(page_hash, None)
+        if owner is None:
             return False
-        self.remove_waiter(waiter)
-        self._waiters.setdefault(page_hash, set()).add(waiter)
-        self._waiting_on[waiter] = page_hash
-        return True
-
-    def waiting_on(self, waiter: str) -> bytes | None:
-        return self._waiting_on.get(waiter)
-
-    def remove_waiter(self, waiter: str) -> None:
-        h = self._waiting_on.pop(waiter, None)
-        if h is not None:
-            ws = self._waiters.get(h)
-            if ws is not None:
-                ws.discard(waiter)
-                if not ws:
-                    del self._waiters[h]
-
-    def _release(self, page_hash: bytes, reason: str) -> list[Wakeup]:
-        owner = self._owner.pop(page_hash)
         owned = self._owned[owner]
         owned.discard(page_hash)
         if not owned:
             del self._owned[owner]
-        woken = []
-        for w in sorted(self._waiters.pop(page_hash, ())):
-            del self._waiting_on[w]
-            woken.append(Wakeup(w, page_hash, reason))
-        return woken
+        return True
 
-    def complete(self, page_hash: bytes) -> list[Wakeup]:
-        """The page was published (or its computation ended): drop the registration and
-        wake its waiters. No-op if it was not in flight."""
-        if page_hash not in self._owner:
-            return []
-        return self._release(page_hash, PUBLISHED)
-
-    def withdraw_page(self, page_hash: bytes) -> list[Wakeup]:
-        """The owner finished computing ``page_hash`` but could not publish it (its
-        chain cannot be published): drop the registration and wake its waiters with
-        ``WITHDRAWN`` so one can take over. No-op if it was not in flight."""
-        if page_hash not in self._owner:
-            return []
-        return self._release(page_hash, WITHDRAWN)
-
-    def withdraw(self, owner: str) -> list[Wakeup]:
+    def withdraw(self, owner: str) -> int:
         """``owner`` stops computing (abort, preemption, failed step): drop all its
-        registrations and wake their waiters so one can take over."""
-        woken: list[Wakeup] = []
-        for h in sorted(self._owned.get(owner, ())):
-            woken.extend(self._release(h, WITHDRAWN))
-        return woken
+        registrations. Returns how many there were."""
+        hashes = self._owned.pop(owner, ())
+        for h in hashes:
+            del self._owner[h]
+        return len(hashes)

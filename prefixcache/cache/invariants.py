@@ -68,7 +68,7 @@ def check_invariants(mgr: KVCacheManager) -> None:
         raise InvariantError(f"live gauge {pool.num_live} != {live}")
     if pool.num_free + pool.num_cached + pool.num_live != pool.num_pages:
         raise InvariantError("free + cached-free + live != pool size")
-    for h in list(mgr.inflight._owner):
+    for h in mgr.inflight:
         owner = mgr.inflight.owner(h)
         if owner not in mgr.tables:
             raise InvariantError(f"in-flight page owned by a request with no page table: {owner}")

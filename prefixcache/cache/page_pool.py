@@ -14,8 +14,9 @@ Each page is in exactly one state (see DESIGN.md, "Page lifecycle"):
 "Live" pages are those with ``ref_count > 0`` (``PENDING`` or ``PUBLISHED``), so
 ``num_free + num_cached + num_live == num_pages`` always.
 
-All operations are O(1). The pool knows nothing of hashes: the caller removes an evicted
-page from the index (:meth:`pop_lru`).
+All operations are O(1). The pool knows nothing of hashes: ``KVCacheManager.drop_cached``
+removes a page from the index and then returns it to the free queue
+(:meth:`unpublish_cached`); eviction, reset, supersede and TTL expiry all go through it.
 """
 from __future__ import annotations
 
@@ -87,14 +88,10 @@ class PagePool:
         self._hold_new(page)
         return page
 
-    def pop_lru(self) -> int | None:
-        """Evict the least recently used cached-free page: ``CACHED_FREE -> PENDING``,
-        ref 1. The caller must remove it from the index. ``None`` if there is none."""
-        if not self._lru:
-            return None
-        page, _ = self._lru.popitem(last=False)
-        self._hold_new(page)
-        return page
+    def oldest_cached(self) -> int | None:
+        """The least recently used cached-free page (the next to evict), ``None`` if
+        there is none."""
+        return next(iter(self._lru), None)
 
     def _hold_new(self, page: int) -> None:
         self.state[page] = PageState.PENDING
@@ -137,8 +134,8 @@ class PagePool:
         self.state[page] = PageState.PUBLISHED
 
     def unpublish_cached(self, page: int) -> None:
-        """Drop a cached-free page's contents: ``CACHED_FREE -> FREE`` (reset, or a
-        stale index entry replaced). The caller removes it from the index."""
+        """Drop a cached-free page's contents: ``CACHED_FREE -> FREE``, at the newest end
+        of the free queue. The caller removes it from the index."""
         if self.state[page] != PageState.CACHED_FREE:
             raise PoolError(f"page {page} is {self.state[page].name}, not cached-free")
         del self._lru[page]
@@ -154,11 +151,6 @@ class PagePool:
             raise PoolError(f"page {page} is {self.state[page].name} with ref_count "
                             f"{self.ref_count[page]}, not published with one holder")
         self.state[page] = PageState.PENDING
-
-    def touch(self, page: int) -> None:
-        """Mark a cached-free page most recently used."""
-        if page in self._lru:
-            self._lru.move_to_end(page)
 
     def cached_pages(self) -> list[int]:
         """Cached-free pages, least recently used first."""

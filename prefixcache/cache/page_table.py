@@ -35,6 +35,7 @@ class PageTable:
         num_cached_tokens: tokens this table took from the cache instead of computing.
         num_inflight_hit_tokens: the part of ``num_cached_tokens`` taken after admission,
             that is pages published by a concurrent leader while this request followed.
+        hit_memo: the last hit computed for the table, with the state it holds for.
     """
 
     request_id: str
@@ -45,7 +46,6 @@ class PageTable:
     mm_hashes: tuple = ()
     extra_keys: tuple = ()
     read_cache: bool = True
-    tenant: str | None = None
     pages: list[int] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)
     chain_refs: list[ParentRef | None] = field(default_factory=list)
@@ -54,6 +54,7 @@ class PageTable:
     num_cached_tokens: int = 0
     num_inflight_hit_tokens: int = 0
     admitted: bool = False
+    hit_memo: tuple | None = field(default=None, repr=False)  # see cache/hits.py
 
     @property
     def num_pages(self) -> int:

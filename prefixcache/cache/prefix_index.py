@@ -30,6 +30,7 @@ class PrefixIndex:
         self._page_of_entry: dict[int, int] = {}
         self._next_entry = 1
         self.collisions = 0  # lookups whose hash matched but whose key did not
+        self.generation = 0  # bumped by every insert and remove (memoised hits check it)
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -66,6 +67,7 @@ class PrefixIndex:
         self.page_key[page] = key
         eid = self._next_entry
         self._next_entry += 1
+        self.generation += 1
         self.entry_id[page] = eid
         self._page_of_entry[eid] = page
         return eid
@@ -77,6 +79,7 @@ class PrefixIndex:
         if h is None:
             return None
         del self._by_hash[h]
+        self.generation += 1
         del self._page_of_entry[self.entry_id[page]]
         self.page_hash[page] = None
         self.page_key[page] = None

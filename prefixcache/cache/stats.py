@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prefixcache.cache.inflight import InflightRegistry
+    from prefixcache.cache.page_pool import PagePool
+    from prefixcache.cache.prefix_index import PrefixIndex
 
 
 @dataclass
@@ -37,3 +43,14 @@ class CacheCounters:
         """``prefix_cache_hits / prefix_cache_queries`` (0.0 before any query)."""
         q = self.prefix_cache_queries
         return self.prefix_cache_hits / q if q else 0.0
+
+
+def snapshot(counters: CacheCounters, pool: PagePool, index: PrefixIndex,
+             inflight: InflightRegistry) -> dict[str, int | float]:
+    """Counters (tokens / pages, monotonic), the hit rate, and gauges (pages, current):
+    ``pages_total == pages_free + pages_cached + pages_live``."""
+    return counters.as_dict() | {
+        "hit_rate": counters.hit_rate, "hash_collisions": index.collisions,
+        "pages_total": pool.num_pages, "pages_free": pool.num_free,
+        "pages_cached": pool.num_cached, "pages_live": pool.num_live,
+        "pages_indexed": len(index), "pages_inflight": len(inflight)}

@@ -11,8 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixcache.cache import KVCacheManager, PageHasher, encode_parts
-from prefixcache.cache.hashing import (DEFAULT_ROOT_SEED, DIGEST_BYTES, blake2b_128,
-                                       tokens_to_bytes)
+from prefixcache.cache.hashing import (
+    DEFAULT_ROOT_SEED,
+    DIGEST_BYTES,
+    blake2b_128,
+    tokens_to_bytes,
+)
 
 # -- encode_parts ------------------------------------------------------------------------
 
@@ -106,7 +110,7 @@ def test_default_hash_is_blake2b_128():
 def test_hashes_are_pinned_across_processes(monkeypatch):
     """Golden values: the default root seed and the encoding are part of the on-disk
     format (KV tiers will store hashes); a change here must be deliberate."""
-    monkeypatch.delenv("PREFIXCACHE_HASH_SEED", raising=False)
+    monkeypatch.setenv("PREFIXCACHE_HASH_SEED", "ignored")  # the hasher reads no env
     assert DEFAULT_ROOT_SEED == b"prefixcache/v1"
     h = PageHasher("llama-test")
     assert h.root_seed == DEFAULT_ROOT_SEED
@@ -116,15 +120,68 @@ def test_hashes_are_pinned_across_processes(monkeypatch):
     assert page.hex() == "0a7a467734ced1d671e0bca5ceb3d457"
 
 
-def test_root_seed_from_argument_and_environment(monkeypatch):
+# Computed with the code before the framing was unified (two copies: the manager's
+# inlined text-page loop and ``PageHasher.page_hash`` for multimodal pages).
+PINNED_TEXT = ["9fd5995d147c3d6a1f5dab0924685acc", "bcb592007e696526b88041a1f8c44953",
+               "f1fadfdfa94466098cf4afc225463423"]
+PINNED_MM = ["31c0cb7d055860e61a5ac89193b6edf0", "ef98fb47e9d308035731c2ea9cb6d7bb"]
+PINNED_BS16 = ["8fae55f143c23aba9b337230e182a5c6", "d5a5ac9215ed2b2a83b02f2623b7353c"]
+
+
+def test_page_table_hashes_are_pinned():
+    """The chain a page table gets (text pages, multimodal pages, block size 16) is
+    byte-identical to the hashes persisted before ``PageHasher.chain`` existed."""
+    mgr = KVCacheManager(16, 4, model_id="llama-test")
+    pt = mgr.new_page_table("a", list(range(100, 113)), tenant="tenant-a",
+                            cache_salt="salt-1", extra_keys=("adapter", "x", 3))
+    assert [x.hex() for x in mgr.page_hashes(pt, 3)] == PINNED_TEXT
+    mm = mgr.new_page_table("b", list(range(9)), mm_hashes=((2, 4, b"img-1"),))
+    assert [x.hex() for x in mgr.page_hashes(mm, 2)] == PINNED_MM
+    big = KVCacheManager(16, 16, model_id="m", root_seed="s")
+    pt16 = big.new_page_table("c", list(range(40)))
+    assert [x.hex() for x in big.page_hashes(pt16, 2)] == PINNED_BS16
+    # Hashes are computed once per page and extended lazily.
+    assert mgr.page_hashes(pt, 2) is pt.hashes and len(pt.hashes) == 3
+    with pytest.raises(ValueError, match="not full"):
+        mgr.page_hashes(pt, 4)
+
+
+def test_chain_is_page_hash_repeated():
+    """``chain`` over many pages equals ``page_hash`` page by page, with one extra
+    for all pages or one per page."""
+    h = PageHasher("m", root_seed="s")
+    root = h.root_hash(h.root_key("t", None))
+    raw = tokens_to_bytes(range(12))
+    extras = [h.extra_bytes(), h.extra_bytes(("x",)), h.extra_bytes((), ((0, 1, b"i"),))]
+    want, prev = [], root
+    for i in range(3):
+        prev = h.page_hash(prev, raw[16 * i:16 * (i + 1)], extras[i])
+        want.append(prev)
+    assert h.chain(root, raw, extras, 16) == want
+    same = h.chain(root, raw, extras[0], 16)
+    assert same[0] == want[0] and len(set(same)) == 3
+    assert h.chain(root, b"", extras[0], 16) == []
+    with pytest.raises(ValueError, match="page_bytes"):
+        h.chain(root, raw, extras[0], 0)
+    with pytest.raises(ValueError, match="raw"):
+        h.chain(root, raw[:-4], extras[0], 16)
+    with pytest.raises(ValueError, match="extras"):
+        h.chain(root, raw, extras[:2], 16)
+
+
+def test_root_seed_is_an_argument_never_the_environment(monkeypatch):
     monkeypatch.delenv("PREFIXCACHE_HASH_SEED", raising=False)
     default = PageHasher("m")
     key = default.root_key("t", None)
     assert PageHasher("m", root_seed="prefixcache/v1").root_key("t", None) == key
+    assert PageHasher("m", root_seed=b"prefixcache/v1").root_key("t", None) == key
     assert PageHasher("m", root_seed=b"other").root_key("t", None) != key
     monkeypatch.setenv("PREFIXCACHE_HASH_SEED", "other")
-    assert PageHasher("m").root_seed == b"other"
-    assert PageHasher("m").root_key("t", None) == PageHasher("m", b"other").root_key("t", None)
+    assert PageHasher("m").root_seed == DEFAULT_ROOT_SEED
+    assert PageHasher("m", "other").root_key("t", None) == PageHasher(
+        "m", b"other").root_key("t", None)
+    with pytest.raises(TypeError, match="root_seed"):
+        PageHasher("m", root_seed=7)  # type: ignore[arg-type]
 
 
 def test_root_separates_model_tenant_and_salt():
@@ -164,27 +221,6 @@ def test_chained_hash_depends_on_every_earlier_page():
     ha, hb = mgr.page_hashes(a, 3), mgr.page_hashes(b, 3)
     assert all(x != y for x, y in zip(ha, hb))
     assert len(set(ha)) == 3
-
-
-def test_fast_path_matches_page_hasher():
-    """The inlined hashing loop in the manager frames pages exactly like
-    ``PageHasher.page_hash`` (the path multimodal pages take)."""
-    mgr = KVCacheManager(8, 4, model_id="m", root_seed="s")
-    toks = list(range(100, 113))
-    pt = mgr.new_page_table("a", toks, tenant="t", extra_keys=("adapter", "x", 3))
-    got = mgr.page_hashes(pt, 3)
-    h = mgr.hasher
-    prev = h.root_hash(h.root_key("t", None))
-    extra = h.extra_bytes(("adapter", "x", 3))
-    want = []
-    for i in range(3):
-        prev = h.page_hash(prev, tokens_to_bytes(toks[4 * i:4 * i + 4]), extra)
-        want.append(prev)
-    assert got == want
-    # Hashes are computed once per page and extended lazily.
-    assert mgr.page_hashes(pt, 2) is pt.hashes and len(pt.hashes) == 3
-    with pytest.raises(ValueError, match="not full"):
-        mgr.page_hashes(pt, 4)
 
 
 def test_float_keys_nan_and_signed_zero():

@@ -1,10 +1,9 @@
-"""In-flight registry: register, wait, publish and withdraw wakeups; failed steps."""
+"""In-flight registry: register, publish and withdraw; what a polling follower sees."""
 from __future__ import annotations
 
 from cache_helpers import admit, prefill, serve
 
-from prefixcache.cache import InflightRegistry, KVCacheManager, PageState, Wakeup
-from prefixcache.cache.inflight import PUBLISHED, WITHDRAWN
+from prefixcache.cache import InflightRegistry, KVCacheManager, PageState
 from prefixcache.cache.invariants import check_invariants
 
 BS = 4
@@ -13,44 +12,27 @@ PROMPT = list(range(100, 113))  # 3 full pages + 1 token
 
 # -- the registry on its own ------------------------------------------------------------
 
-def test_registry_register_wait_complete():
+def test_registry_register_and_release():
     reg = InflightRegistry()
     assert reg.register(b"h1", "A") and reg.register(b"h1", "A")
     assert not reg.register(b"h1", "B")
-    assert reg.owner(b"h1") == "A" and len(reg) == 1
-    assert not reg.add_waiter(b"h1", "A")          # the owner does not wait on itself
-    assert not reg.add_waiter(b"nope", "B")        # not in flight
-    assert reg.add_waiter(b"h1", "B") and reg.add_waiter(b"h1", "C")
-    assert reg.waiting_on("B") == b"h1"
-    assert reg.complete(b"h1") == [Wakeup("B", b"h1", PUBLISHED), Wakeup("C", b"h1", PUBLISHED)]
-    assert reg.owner(b"h1") is None and reg.waiting_on("B") is None and len(reg) == 0
-    assert reg.complete(b"h1") == []
+    assert reg.owner(b"h1") == "A" and len(reg) == 1 and list(reg) == [b"h1"]
+    assert reg.release(b"h1")
+    assert reg.owner(b"h1") is None and len(reg) == 0
+    assert not reg.release(b"h1")
+    assert reg.register(b"h1", "B") and reg.owner(b"h1") == "B"   # free to own again
 
 
-def test_registry_withdraw_wakes_waiters_of_every_page():
+def test_registry_withdraw_drops_every_page_of_the_owner():
     reg = InflightRegistry()
     reg.register(b"h1", "A")
     reg.register(b"h2", "A")
     reg.register(b"h3", "Z")
-    reg.add_waiter(b"h1", "B")
-    reg.add_waiter(b"h2", "C")
-    reg.add_waiter(b"h3", "D")
-    assert reg.owned_by("A") == {b"h1", b"h2"}
-    assert reg.withdraw("A") == [Wakeup("B", b"h1", WITHDRAWN), Wakeup("C", b"h2", WITHDRAWN)]
-    assert reg.owned_by("A") == set() and reg.owner(b"h3") == "Z" and len(reg) == 1
-    assert reg.withdraw_page(b"h3") == [Wakeup("D", b"h3", WITHDRAWN)]
-    assert reg.withdraw_page(b"h3") == [] and len(reg) == 0
-
-
-def test_registry_waiter_moves_and_leaves():
-    reg = InflightRegistry()
-    reg.register(b"h1", "A")
-    reg.register(b"h2", "A")
-    reg.add_waiter(b"h1", "B")
-    reg.add_waiter(b"h2", "B")                     # attaching again moves it
-    assert reg.waiting_on("B") == b"h2"
-    reg.remove_waiter("B")
-    assert reg.complete(b"h1") == [] and reg.complete(b"h2") == []
+    assert reg.withdraw("A") == 2 and reg.withdraw("A") == 0
+    assert reg.owner(b"h1") is None and reg.owner(b"h2") is None
+    assert reg.owner(b"h3") == "Z" and len(reg) == 1
+    assert reg.release(b"h3") and len(reg) == 0
+    assert reg._owner == {} and reg._owned == {}                  # nothing left behind
 
 
 # -- through the manager ----------------------------------------------------------------
@@ -62,7 +44,6 @@ def leader_and_follower(mgr: KVCacheManager):
     assert f.num_cached_tokens == 0
     assert mgr.next_page_owner(f) == "A"
     assert mgr.wait(f)
-    assert mgr.inflight.waiting_on("F") == f.hashes[0]
     return a, f
 
 
@@ -72,9 +53,8 @@ def test_follower_waits_then_takes_published_pages():
     assert mgr.stats()["pages_inflight"] == 3
     assert mgr.peek_hits(f) == 0 and mgr.peek_inflight(f, 0)
     mgr.commit(a, 13)
-    assert mgr.drain_wakeups() == [Wakeup("F", f.hashes[0], PUBLISHED)]
-    assert mgr.drain_wakeups() == []
-    assert mgr.stats()["pages_inflight"] == 0
+    assert mgr.next_page_owner(f) is None and not mgr.wait(f)
+    assert mgr.stats()["pages_inflight"] == 0 and mgr.peek_hits(f) == 12
     assert mgr.take_hits(f) == 12
     assert (f.num_cached_tokens, f.num_inflight_hit_tokens) == (12, 12)
     assert f.pages == a.pages[:3]
@@ -88,21 +68,21 @@ def test_follower_follows_chunked_prefill_page_by_page():
     mgr = KVCacheManager(16, BS)
     a, f = leader_and_follower(mgr)
     mgr.commit(a, 4)                               # chunk 1: page 0 published
-    assert [w.reason for w in mgr.drain_wakeups()] == [PUBLISHED]
+    assert mgr.inflight.owner(f.hashes[0]) is None and len(mgr.inflight) == 2
     assert mgr.take_hits(f) == 4
     assert mgr.next_page_owner(f) == "A" and mgr.wait(f)
-    assert mgr.inflight.waiting_on("F") == f.hashes[1]
+    assert mgr.take_hits(f) == 0                   # polling while page 1 is in flight
     mgr.commit(a, 9)
-    assert mgr.drain_wakeups() == [Wakeup("F", f.hashes[1], PUBLISHED)]
+    assert mgr.next_page_owner(f) is None and len(mgr.inflight) == 0
     assert mgr.take_hits(f) == 8
     assert f.num_inflight_hit_tokens == 12 and mgr.next_page_owner(f) is None
 
 
-def test_leader_failed_step_publishes_nothing_and_wakes_waiters():
+def test_leader_failed_step_publishes_nothing_and_the_follower_takes_over():
     mgr = KVCacheManager(16, BS)
     a, f = leader_and_follower(mgr)
     mgr.fail_step(a)
-    assert mgr.drain_wakeups() == [Wakeup("F", f.hashes[0], WITHDRAWN)]
+    assert mgr.next_page_owner(f) is None and not mgr.wait(f)
     assert mgr.stats()["pages_inflight"] == 0 and len(mgr.index) == 0
     assert a.num_computed_tokens == 0 and len(a.pages) == 4
     assert all(mgr.pool.state[p] == PageState.PENDING for p in a.pages)
@@ -119,12 +99,12 @@ def test_leader_failed_step_publishes_nothing_and_wakes_waiters():
     check_invariants(mgr)
 
 
-def test_leader_abort_and_preemption_wake_waiters():
+def test_leader_abort_and_preemption_release_the_follower():
     for how in ("abort", "preempt"):
         mgr = KVCacheManager(16, BS)
         a, f = leader_and_follower(mgr)
         mgr.free(a)
-        assert mgr.drain_wakeups() == [Wakeup("F", f.hashes[0], WITHDRAWN)], how
+        assert mgr.next_page_owner(f) is None and mgr.take_hits(f) == 0, how
         assert len(mgr.inflight) == 0 and mgr.stats()["pages_live"] == 0
         if how == "preempt":  # re-admitted later, it follows the old follower
             a2 = admit(mgr, "A", PROMPT)
@@ -132,35 +112,36 @@ def test_leader_abort_and_preemption_wake_waiters():
         check_invariants(mgr)
 
 
-def test_waiter_that_ends_is_not_woken():
+def test_follower_that_ends_leaves_nothing_behind():
     mgr = KVCacheManager(16, BS)
     a, f = leader_and_follower(mgr)
     mgr.free(f)
-    mgr.commit(a, 13)
-    assert mgr.drain_wakeups() == []
+    assert mgr.inflight.owner(f.hashes[0]) == "A" and len(mgr.inflight) == 3
+    assert mgr.commit(a, 13) == 3 and len(mgr.inflight) == 0
+    assert mgr.inflight._owner == {} and mgr.inflight._owned == {}
+    check_invariants(mgr)
 
 
 def test_publication_by_a_non_owner_completes_the_registration():
     """Regression: a request that computed the same pages without following (here a
-    prompt-logprobs request) publishes them first. The waiters must wake at once, and
-    the hash must not stay both published and in flight."""
+    prompt-logprobs request) publishes them first. The follower must see them at once,
+    and the hash must not stay both published and in flight."""
     mgr = KVCacheManager(16, BS)
     a, f = leader_and_follower(mgr)
     b = admit(mgr, "B", PROMPT, read_cache=False)
     assert mgr.allocate(b, 13)
     assert mgr.commit(b, 13) == 3
-    assert mgr.drain_wakeups() == [Wakeup("F", f.hashes[0], PUBLISHED)]
-    assert len(mgr.inflight) == 0
+    assert mgr.next_page_owner(f) is None and len(mgr.inflight) == 0
     check_invariants(mgr)
     assert mgr.take_hits(f) == 12 and f.pages == b.pages[:3]
     mgr.commit(a, 13)                              # the leader's pages are duplicates
-    assert mgr.drain_wakeups() == [] and mgr.stats()["duplicate_pages"] == 3
+    assert len(mgr.inflight) == 0 and mgr.stats()["duplicate_pages"] == 3
     check_invariants(mgr)
 
 
-def test_unpublishable_page_wakes_waiters_as_withdrawn():
+def test_unpublishable_page_is_withdrawn():
     """Regression: the owner of an in-flight page whose chain can no longer be published
-    (it ran through a page evicted meanwhile) withdraws it; it used to say PUBLISHED."""
+    (it ran through a page evicted meanwhile) withdraws it, so the follower computes."""
     mgr = KVCacheManager(12, BS)
     a = admit(mgr, "A", PROMPT)
     b = admit(mgr, "B", PROMPT)
@@ -182,8 +163,8 @@ def test_unpublishable_page_wakes_waiters_as_withdrawn():
     assert mgr.allocate(b, 1)                      # B registers page 3 in flight
     assert mgr.inflight.owner(mgr.page_hashes(b, 4)[3]) == "B"
     assert mgr.next_page_owner(d) == "B" and mgr.wait(d)
-    mgr.commit(b, 1)                               # dead chain: not published
-    assert mgr.drain_wakeups() == [Wakeup("D", b.hashes[3], WITHDRAWN)]
+    assert mgr.commit(b, 1) == 0                   # dead chain: not published
+    assert mgr.inflight.owner(b.hashes[3]) is None and mgr.next_page_owner(d) is None
     assert mgr.take_hits(d) == 0
     check_invariants(mgr)
 

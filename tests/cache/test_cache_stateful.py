@@ -16,11 +16,11 @@ The model knows nothing of hashes, entry ids or queues. It keeps:
   Every page a request takes as a hit must hold exactly the request's own prefix: this
   is the "never serve wrong KV" check, independent of any cache policy.
 - the free set, the LRU list of cached-free pages (oldest first), holders per page,
-  in-flight owners and waiters, expected wakeups and counters.
+  in-flight owners (followers poll them, nothing is queued for them) and counters.
 
 After every step it checks the manager against the model: page tables, ref counts
 (= number of page tables holding the page), states, LRU order, free + cached-free + live
-== pool size, in-flight owners and waiters, counters (queries and hits summed from the
+== pool size, in-flight owners of every hashed page, counters (queries and hits summed from the
 requests' ``num_cached_tokens`` at prefill completion), and the library's own
 ``check_invariants``. The teardown ends every request and checks nothing leaked.
 """
@@ -34,7 +34,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from prefixcache.cache import KVCacheManager, PageState
-from prefixcache.cache.inflight import PUBLISHED, WITHDRAWN
 from prefixcache.cache.invariants import check_invariants
 
 BS = 4
@@ -103,8 +102,6 @@ class CacheMachine(RuleBasedStateMachine):
         self.lru: list[int] = []
         self.holders: Counter[int] = Counter()
         self.inflight: dict[tuple, str] = {}
-        self.waiting: dict[str, tuple] = {}   # rid -> (content, position)
-        self.wakeups: list[tuple[str, str]] = []
         self.evictions = 0
         self.queries = self.hits = self.inflight_hits = 0
 
@@ -128,11 +125,11 @@ class CacheMachine(RuleBasedStateMachine):
             parent, i = e, i + 1
         return out
 
-    def next_owner(self, r: Req):
+    def next_owner(self, r: Req, ahead: int = 0):
         i = len(r.pages)
-        if i >= self.hit_limit(r) or r.computed != i * BS or len(r.chain) != i:
+        if i + ahead >= self.hit_limit(r) or r.computed != i * BS or len(r.chain) != i:
             return None
-        owner = self.inflight.get(r.content(i))
+        owner = self.inflight.get(r.content(i + ahead))
         return None if owner == r.rid else owner
 
     def remove_entry(self, e: Entry):
@@ -140,24 +137,9 @@ class CacheMachine(RuleBasedStateMachine):
         del self.page_entry[e.page]
         e.alive = False
 
-    def release(self, content, reason):
-        self.inflight.pop(content)
-        for w, (c, _) in sorted(self.waiting.items()):
-            if c == content:
-                del self.waiting[w]
-                self.wakeups.append((w, reason))
-
     def withdraw_all(self, rid):
         for c in [c for c, o in self.inflight.items() if o == rid]:
-            self.release(c, WITHDRAWN)
-
-    def check_wakeups(self):
-        got = self.mgr.drain_wakeups()
-        assert sorted((w.request_id, w.reason) for w in got) == sorted(self.wakeups)
-        for w in got:
-            r = self.live[w.request_id]
-            assert w.page_hash == r.pt.hashes[len(r.pages)]
-        self.wakeups = []
+            del self.inflight[c]
 
     def pick(self, n, pred):
         cands = sorted((r for r in self.live.values() if pred(r)), key=lambda r: r.rid)
@@ -184,8 +166,6 @@ class CacheMachine(RuleBasedStateMachine):
         r.cached += got
         if not first:
             r.inflight_hit += got
-        if want:
-            self.waiting.pop(r.rid, None)
         assert r.cached <= len(r.tokens) - 1 or r.cached == 0
 
     def maybe_record(self, r: Req):
@@ -276,9 +256,7 @@ class CacheMachine(RuleBasedStateMachine):
         owner = self.next_owner(r)
         ok = self.mgr.wait(r.pt)
         assert ok == (owner is not None)
-        if ok:
-            assert self.mgr.next_page_owner(r.pt) == owner
-            self.waiting[r.rid] = (r.content(len(r.pages)), len(r.pages))
+        assert self.mgr.next_page_owner(r.pt) == owner
 
     @precondition(_idle)
     @rule(n=st.integers(0, 99))
@@ -290,7 +268,7 @@ class CacheMachine(RuleBasedStateMachine):
     @precondition(_idle)
     @rule(n=st.integers(0, 99))
     def retake_hits(self, n):
-        """As after a wakeup: take whatever was published meanwhile."""
+        """As a polling follower does: take whatever was published meanwhile."""
         r = self.pick(n, lambda r: r.scheduled == 0)
         if r is not None:
             self.take(r)
@@ -335,7 +313,6 @@ class CacheMachine(RuleBasedStateMachine):
             self.holders[p] = 1
             r.pages.append(p)
             r.kinds.append("own")
-        self.waiting.pop(r.rid, None)   # computing now, not following
         if not r.chain or r.chain[-1] is not None:
             first = max(r.computed // BS, len(r.chain))
             last = min(-(-end // BS), len(r.tokens) // BS)
@@ -383,13 +360,9 @@ class CacheMachine(RuleBasedStateMachine):
                         self.page_entry[page] = ref
                         want_published += 1
             r.chain.append(ref)
-            if ref is not None:
-                if c in self.inflight:
-                    self.release(c, PUBLISHED)
-            elif self.inflight.get(c) == r.rid:
-                self.release(c, WITHDRAWN)
+            if ref is not None or self.inflight.get(c) == r.rid:
+                self.inflight.pop(c, None)   # readable now, or taken over by followers
         assert published == want_published
-        self.check_wakeups()
         self.maybe_record(r)
 
     @precondition(_scheduled)
@@ -399,7 +372,6 @@ class CacheMachine(RuleBasedStateMachine):
         self.mgr.fail_step(r.pt)
         r.scheduled = 0
         self.withdraw_all(r.rid)
-        self.check_wakeups()
 
     @precondition(_decodable)
     @rule(n=st.integers(0, 99), token=st.sampled_from([1, 2, 9]))
@@ -416,10 +388,8 @@ class CacheMachine(RuleBasedStateMachine):
             how = "abort"
         self.mgr.free(r.pt)
         self.withdraw_all(r.rid)
-        self.waiting.pop(r.rid, None)
         self.release_pages(r)
         del self.live[r.rid]
-        self.check_wakeups()
         self.mgr.free(r.pt)   # idempotent
         if how == "preempt":
             self.preempted[r.rid] = r
@@ -460,10 +430,15 @@ class CacheMachine(RuleBasedStateMachine):
                     assert self.page_content[page] == r.content(i)
                 else:
                     assert pool.state[page] in (PageState.PENDING, PageState.PUBLISHED)
-            c = self.waiting.get(r.rid)
-            assert mgr.inflight.waiting_on(r.rid) == (pt.hashes[c[1]] if c else None)
-            assert len(mgr.inflight.owned_by(r.rid)) == sum(
-                1 for o in self.inflight.values() if o == r.rid)
+            for i, h in enumerate(pt.hashes):   # who computes each page it hashed
+                assert mgr.inflight.owner(h) == self.inflight.get(r.content(i))
+            assert mgr.next_page_owner(pt) == self.next_owner(r)
+            # The memoised probe agrees with the model after every operation.
+            want = [e.page for e in self.expected_hits(r)]
+            probe = mgr.probe(pt)
+            assert list(probe.hit_pages) == want == mgr.match_pages(pt)
+            assert probe.num_cached_free == sum(1 for p in want if self.holders[p] == 0)
+            assert probe.next_owner == self.next_owner(r, len(want))
         # ref_count == number of page tables holding the page; states; queues.
         tables_holding = Counter(p for r in self.live.values() for p in r.pages)
         assert tables_holding == self.holders
@@ -492,7 +467,6 @@ class CacheMachine(RuleBasedStateMachine):
     def teardown(self):
         for r in list(self.live.values()):
             self.mgr.free(r.pt)
-        self.mgr.drain_wakeups()
         check_invariants(self.mgr)
         pool = self.mgr.pool
         assert pool.num_live == 0 and len(self.mgr.inflight) == 0 and not self.mgr.tables

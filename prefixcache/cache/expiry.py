@@ -1,12 +1,13 @@
 """Time-based expiry of cached pages (a provider's cache TTL), on the cache core.
 
 The core evicts only under memory pressure (LRU). Providers also drop prefixes left
-unused for a while. :class:`IdleExpiry` models that with the core's own operations, the
-ones ``KVCacheManager.reset`` uses, applied only to the pages idle longer than the TTL:
-remove the page from the prefix index and return it to the free queue.
+unused for a while. :class:`IdleExpiry` models that with the core's one operation for
+dropping a cached page, :meth:`KVCacheManager.drop_cached` (the one eviction and
+``reset`` use), applied only to pages idle longer than the TTL.
 
 Pages are queued with the time of their last use; an entry is stale (skipped) when the
-page was used again later or is no longer cached-free.
+page was used again later or is no longer cached-free. Memory is bounded by the pool
+size (``last_used``) and the uses within one TTL (the queue).
 """
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ from prefixcache.cache.page_table import PageTable
 
 
 class IdleExpiry:
-    """Drops cached-free pages unused for more than ``ttl_seconds``."""
+    """Drops cached-free pages unused for more than ``ttl_seconds`` (seconds).
+
+    Raises:
+        ValueError: ``ttl_seconds <= 0``.
+    """
 
     def __init__(self, mgr: KVCacheManager, ttl_seconds: float):
         if ttl_seconds <= 0:
@@ -39,15 +44,15 @@ class IdleExpiry:
     def expire(self, now: float) -> int:
         """Drop pages idle since before ``now - ttl``; returns how many."""
         cutoff = now - self.ttl
-        pool, index = self.mgr.pool, self.mgr.index
+        state = self.mgr.pool.state
         n = 0
         while self._queue and self._queue[0][0] < cutoff:
             t, page = self._queue.popleft()
-            if self.last_used.get(page) != t or pool.state[page] != PageState.CACHED_FREE:
-                continue
-            index.remove(page)
-            pool.unpublish_cached(page)
+            if self.last_used.get(page) != t:
+                continue  # used again later: a newer entry stands for it
             del self.last_used[page]
-            n += 1
+            if state[page] == PageState.CACHED_FREE:
+                self.mgr.drop_cached(page)
+                n += 1
         self.expired_pages += n
         return n

@@ -1,0 +1,70 @@
+"""Allocation: private pages for a step's new tokens, evicting under pressure, and the
+in-flight registration of the full prompt pages the step will compute.
+
+New pages come from the free queue; when it is empty the least recently used
+cached-free page is dropped (``KVCacheManager.drop_cached``) and taken. A full page in
+the range whose hash is neither published nor in flight is registered as in flight,
+owned by the table's request, so a request with the same prefix follows instead of
+computing it too (DESIGN.md, "Coordination").
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prefixcache.cache.inflight import InflightRegistry
+from prefixcache.cache.page_keys import PageKeys
+from prefixcache.cache.page_pool import PagePool
+from prefixcache.cache.page_table import PageTable
+from prefixcache.cache.prefix_index import PrefixIndex
+from prefixcache.cache.stats import CacheCounters
+
+
+class Allocator:
+    """Allocates pages of one pool to page tables.
+
+    Args:
+        enabled: prefix caching on; when off nothing is registered in flight.
+        drop_cached: the manager's single "drop a cached page" operation.
+    """
+
+    def __init__(self, pool: PagePool, index: PrefixIndex, inflight: InflightRegistry,
+                 keys: PageKeys, counters: CacheCounters, drop_cached: Callable[[int], None],
+                 enabled: bool):
+        self.pool, self.index, self.inflight, self.keys = pool, index, inflight, keys
+        self.counters, self.drop_cached, self.enabled = counters, drop_cached, enabled
+        self.block_size = keys.block_size
+
+    def pages_needed(self, pt: PageTable, num_new_tokens: int) -> int:
+        """New pages for ``num_new_tokens`` more tokens after ``num_computed_tokens``."""
+        total = pt.num_computed_tokens + num_new_tokens
+        return max(0, -(-total // self.block_size) - len(pt.pages))
+
+    def allocate(self, pt: PageTable, num_new_tokens: int) -> bool:
+        """See ``KVCacheManager.allocate``; ``False`` (nothing changed) if the pool
+        cannot supply the pages.
+
+        Raises:
+            ValueError: the range goes past the request's known tokens.
+        """
+        bs, pool = self.block_size, self.pool
+        end = pt.num_computed_tokens + num_new_tokens
+        if end > len(pt.token_ids):
+            raise ValueError(f"cannot schedule {num_new_tokens} tokens: only "
+                             f"{len(pt.token_ids) - pt.num_computed_tokens} are known")
+        need = self.pages_needed(pt, num_new_tokens)
+        if need > pool.num_allocatable:
+            return False
+        for _ in range(need):
+            if not pool.num_free:  # evict the least recently used cached-free page
+                self.drop_cached(pool.oldest_cached())  # type: ignore[arg-type]
+                self.counters.evictions += 1
+            pt.pages.append(pool.pop_free())  # type: ignore[arg-type]
+        if self.enabled and None not in pt.chain_refs[-1:]:
+            first = max(pt.num_computed_tokens // bs, len(pt.chain_refs))
+            last = min(-(-end // bs), len(pt.token_ids) // bs)
+            if last > first:
+                hashes = self.keys.hashes(pt, last)
+                for i in range(first, last):
+                    if hashes[i] not in self.index:
+                        self.inflight.register(hashes[i], pt.request_id)
+        return True
