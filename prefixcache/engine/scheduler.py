@@ -48,11 +48,6 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    following: list[Request] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
 
 
 class Scheduler:
@@ -97,7 +92,7 @@ class Scheduler:
         self.running.remove(req)
         self.cache.free(req.page_table)
         req.num_preemptions += 1
-        req.cached_final = True  # what it read from the cache is fixed at first admission
+        req.freeze_cached()  # what it read from the cache is fixed at first admission
         self.num_preemptions += 1
         self._new_page_table(req)
         req.status = RequestStatus.WAITING
@@ -116,7 +111,6 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             n = self._tokens_to_schedule(req, budget)
             if n == 0:
-                out.following.append(req)
                 continue
             if not self._allocate_or_preempt(req, n, out):
                 continue
@@ -145,9 +139,6 @@ class Scheduler:
 
     def _take_cached(self, req: Request) -> None:
         self.cache.take_hits(req.page_table)
-        if not req.cached_final:
-            req.num_cached_tokens = req.page_table.num_cached_tokens
-            req.num_inflight_hit_tokens = req.page_table.num_inflight_hit_tokens
 
     def _leader_running(self, req: Request) -> bool:
         owner = self.cache.next_page_owner(req.page_table)
@@ -193,7 +184,6 @@ class Scheduler:
                 req.metrics.first_scheduled_time = self.clock()
             if follows and self._leader_running(req):
                 self.cache.wait(pt)
-                out.following.append(req)
                 continue
             n = min(req.num_tokens_to_compute, budget)
             if n <= 0 or not self.cache.allocate(pt, n):
