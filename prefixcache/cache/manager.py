@@ -73,6 +73,7 @@ class KVCacheManager:
         self.counters = CacheCounters()
         self.tables: dict[str, PageTable] = {}
         self._wakeups: list[Wakeup] = []
+        self.generation = 0  # bumped when the index or in-flight set may change (memo key)
 
     # -- page tables -------------------------------------------------------------------
     def new_page_table(self, request_id: str, token_ids: list[int], *,
@@ -298,6 +299,7 @@ class KVCacheManager:
                 for i in range(first, last):
                     if hashes[i] not in self.index:
                         self.inflight.register(hashes[i], pt.request_id)
+                        self.generation += 1
         return True
 
     def _alloc_page(self) -> int:
@@ -307,6 +309,7 @@ class KVCacheManager:
             assert page is not None  # caller checked num_allocatable
             self.index.remove(page)
             self.counters.evictions += 1
+            self.generation += 1
         return page
 
     # -- after a step ------------------------------------------------------------------
@@ -331,6 +334,7 @@ class KVCacheManager:
         if len(pt.chain_refs) >= full:
             return 0
         published = 0
+        self.generation += 1
         if not self.enable_prefix_caching:
             pt.chain_refs.extend([None] * (full - len(pt.chain_refs)))
             return 0
@@ -400,6 +404,7 @@ class KVCacheManager:
         """The step that was to write this table's new tokens failed or was cancelled:
         nothing is published, and its in-flight registrations are withdrawn (waiters
         are woken to take over). The table stays as it was before the step."""
+        self.generation += 1
         self._wakeups.extend(self.inflight.withdraw(pt.request_id))
 
     def free(self, pt: PageTable) -> None:
@@ -410,6 +415,7 @@ class KVCacheManager:
         """
         if self.tables.get(pt.request_id) is not pt:
             return
+        self.generation += 1
         self._wakeups.extend(self.inflight.withdraw(pt.request_id))
         self.inflight.remove_waiter(pt.request_id)
         for page in reversed(pt.pages):
@@ -453,6 +459,7 @@ class KVCacheManager:
         their KV is complete and correct, and they become evictable when released.
         """
         dropped = 0
+        self.generation += 1
         for page in self.pool.cached_pages():
             self.index.remove(page)
             self.pool.unpublish_cached(page)
