@@ -13,9 +13,10 @@ Nothing here is global: the batch and the pool are passed explicitly to the mode
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -26,8 +27,13 @@ from prefixcache.model.config import ModelConfig
 from prefixcache.model.deterministic import forward_deterministic
 from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
 from prefixcache.model.kv_pool import KVPool
-from prefixcache.model.sampler import (PenaltyCounts, TokenLogprobs, has_penalties, sample,
-                                       token_logprobs)
+from prefixcache.model.sampler import (
+    PenaltyCounts,
+    TokenLogprobs,
+    has_penalties,
+    sample,
+    token_logprobs,
+)
 
 Forward = Callable[[ForwardBatch, KVPool], torch.Tensor]
 
@@ -137,9 +143,9 @@ class ModelRunner:
         logits_rows: list[int] = []
         layout = BatchLayout()
         for s in scheduled:
-            req, n = s.request, s.num_tokens
-            pages = req.page_table.pages
-            start = req.page_table.num_computed_tokens
+            req, n, pt = s.request, s.num_tokens, s.request.page_table
+            assert pt is not None  # scheduled requests hold a page table
+            pages, start = pt.pages, pt.num_computed_tokens
             end = start + n
             q_start = len(ids)
             ids.extend(req.all_token_ids[start:end])
@@ -147,7 +153,8 @@ class ModelRunner:
             slots.extend(pages[p // bs] * bs + p % bs for p in range(start, end))
             seqs.append(SeqChunk(q_start, n, end, torch.tensor(
                 pages[:-(-end // bs)], dtype=torch.long, device=self.device)))
-            if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+            wants_prompt = req.sampling_params.prompt_logprobs is not None
+            if wants_prompt and start < req.num_prompt_tokens - 1:
                 last = min(end, req.num_prompt_tokens - 1)
                 layout.prompt_rows[req.request_id] = (len(logits_rows), start, last)
                 logits_rows.extend(range(q_start, q_start + last - start))

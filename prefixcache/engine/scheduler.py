@@ -163,6 +163,7 @@ class Scheduler:
         """The request's memoised :class:`Probe` (recomputed only when its table or the
         cache changed since)."""
         pt = req.page_table
+        assert pt is not None  # queued requests always hold a page table
         key = (self.cache.generation, len(pt.pages), pt.num_computed_tokens)
         probe = req.probe
         if probe is None or probe.table is not pt or probe.key != key:

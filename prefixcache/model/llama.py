@@ -8,8 +8,9 @@ gate/up) -> residual. The final norm and ``lm_head`` run only on ``logits_indice
 Two arithmetic modes, two sibling forward functions over ``DecoderLayer.qkv/finish`` and
 the :class:`KVPool`; the engine's model runner picks one per engine:
 
-* default (:func:`forward_default`, also ``PagedLlama.forward``): all new tokens of the step go through each linear layer as one matmul and
-  each sequence's queries through one ``scaled_dot_product_attention``. Fastest; a token's
+* default (:func:`forward_default`, also ``PagedLlama.forward``): all new tokens of the
+  step go through each linear layer as one matmul and each sequence's queries through
+  one ``scaled_dot_product_attention``. Fastest; a token's
   values may differ at the floating-point level with the batch composition or chunking.
 * deterministic (:func:`prefixcache.model.deterministic.forward_deterministic`):
   batch-invariant tiles; cost figures are in ``benchmarks/``.
