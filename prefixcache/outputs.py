@@ -83,6 +83,17 @@ class CompletionOutput:
         """``logprobs[start:]``, copying only that tail (``None`` without logprobs)."""
         return None if self._lps_src is None else self._lps_src[start:self._n]
 
+    def _fields(self) -> tuple:
+        return (self.index, self.text, self.token_ids, self.cumulative_logprob, self.logprobs,
+                self.finish_reason, self.stop_reason)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CompletionOutput):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
+
     def __repr__(self) -> str:
         return (f"CompletionOutput(index={self.index}, text={self.text!r}, "
                 f"token_ids={self.token_ids!r}, finish_reason={self.finish_reason!r}, "

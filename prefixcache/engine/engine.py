@@ -21,10 +21,10 @@ import torch
 
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.config import EngineConfig
-from prefixcache.engine.model_runner import ModelRunner
+from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
 from prefixcache.engine.request import Request, RequestStatus
-from prefixcache.engine.scheduler import Scheduler
+from prefixcache.engine.scheduler import ScheduledSeq, Scheduler
 from prefixcache.model.loader import LoadedModel, load_model
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams
@@ -171,19 +171,31 @@ class LLMEngine:
             result = self.runner.run(plan.scheduled)
         except Exception as exc:  # the engine keeps serving; the step's requests fail
             log.exception("model step failed")
-            self.counters["failed_steps"] += 1
-            for s in plan.scheduled:
-                self.cache.fail_step(s.request.page_table)
-            for s in plan.scheduled:
-                self._finish(s.request, "error", f"{type(exc).__name__}: {exc}")
-                outputs.append(self.outputs.make_output(s.request))
-            return outputs
+            return outputs + self._fail(plan.scheduled, exc)
+        self._publish(plan.scheduled, result)
+        return outputs + self._emit(result)
+
+    def _fail(self, scheduled: list[ScheduledSeq], exc: Exception) -> list[RequestOutput]:
+        """Publish nothing, withdraw the step's in-flight pages, finish its requests."""
+        self.counters["failed_steps"] += 1
+        for s in scheduled:
+            self.cache.fail_step(s.request.page_table)
+        for s in scheduled:
+            self._finish(s.request, "error", f"{type(exc).__name__}: {exc}")
+        return [self.outputs.make_output(s.request) for s in scheduled]
+
+    def _publish(self, scheduled: list[ScheduledSeq], result: StepResult) -> None:
+        """The step completed on the device: commit its KV (publishing full pages)."""
         for req, start, lps in result.prompt_logprobs:
             self.outputs.append_prompt_logprobs(req, start, lps)
-        for s in plan.scheduled:
+        for s in scheduled:
             kind = "prefill" if s.request.in_prefill else "decode"
             self.counters[f"{kind}_tokens_computed"] += s.num_tokens
             self.cache.commit(s.request.page_table, s.num_tokens)
+
+    def _emit(self, result: StepResult) -> list[RequestOutput]:
+        """Append the sampled tokens, apply stop conditions, build the outputs."""
+        outputs = []
         now = self.clock()
         for s, tok, lp in result.sampled:
             req = s.request
