@@ -18,15 +18,86 @@ class Logprob:
 SampleLogprobs = list[dict[int, Logprob]]
 
 
-@dataclass
 class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    cumulative_logprob: float | None = None
-    logprobs: SampleLogprobs | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None
-    stop_reason: int | str | None = None
+    """One completion of a request: cumulative ``text``, ``token_ids`` and ``logprobs``.
+
+    ``token_ids`` and ``logprobs`` may be given as the request's own growing lists with
+    ``num_tokens``: the output then shows their first ``num_tokens`` entries, and building
+    it costs O(1) instead of a copy per step. The prefix is copied only when read (and not
+    at all for a finished output, whose lists no longer grow); :meth:`token_ids_from` and
+    :meth:`logprobs_from` copy only a tail.
+    """
+
+    def __init__(self, index: int, text: str, token_ids: list[int],
+                 cumulative_logprob: float | None = None,
+                 logprobs: SampleLogprobs | None = None,
+                 finish_reason: str | None = None,  # "stop" | "length" | "abort" | "error"
+                 stop_reason: int | str | None = None, *, num_tokens: int | None = None):
+        self.index = index
+        self.text = text
+        self.cumulative_logprob = cumulative_logprob
+        self.finish_reason = finish_reason
+        self.stop_reason = stop_reason
+        self._ids_src = token_ids
+        self._lps_src = logprobs
+        self._n = len(token_ids) if num_tokens is None else num_tokens
+        self._ids: list[int] | None = token_ids if num_tokens is None else None
+        self._lps: SampleLogprobs | None = logprobs if num_tokens is None else None
+
+    @property
+    def num_tokens(self) -> int:
+        """``len(token_ids)`` without copying."""
+        return self._n
+
+    def _prefix(self, src: list) -> list:
+        if self.finish_reason is not None and len(src) == self._n:
+            return src  # final: the request's lists stop growing
+        return src[:self._n]
+
+    @property
+    def token_ids(self) -> list[int]:
+        if self._ids is None:
+            self._ids = self._prefix(self._ids_src)
+        return self._ids
+
+    @token_ids.setter
+    def token_ids(self, value: list[int]) -> None:
+        self._ids = self._ids_src = value
+        self._n = len(value)
+
+    @property
+    def logprobs(self) -> SampleLogprobs | None:
+        if self._lps is None and self._lps_src is not None:
+            self._lps = self._prefix(self._lps_src)
+        return self._lps
+
+    @logprobs.setter
+    def logprobs(self, value: SampleLogprobs | None) -> None:
+        self._lps = self._lps_src = value
+
+    def token_ids_from(self, start: int) -> list[int]:
+        """``token_ids[start:]``, copying only that tail."""
+        return self._ids_src[start:self._n]
+
+    def logprobs_from(self, start: int) -> SampleLogprobs | None:
+        """``logprobs[start:]``, copying only that tail (``None`` without logprobs)."""
+        return None if self._lps_src is None else self._lps_src[start:self._n]
+
+    def _fields(self) -> tuple:
+        return (self.index, self.text, self.token_ids, self.cumulative_logprob, self.logprobs,
+                self.finish_reason, self.stop_reason)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CompletionOutput):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return (f"CompletionOutput(index={self.index}, text={self.text!r}, "
+                f"token_ids={self.token_ids!r}, finish_reason={self.finish_reason!r}, "
+                f"stop_reason={self.stop_reason!r})")
 
 
 @dataclass

@@ -14,7 +14,6 @@ Runs are interleaved and repeated; the minimum is reported.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import sys
 import time
@@ -24,18 +23,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prefixcache.model.config import ModelConfig  # noqa: E402
+from prefixcache.model.deterministic import forward_deterministic  # noqa: E402
 from prefixcache.model.forward_batch import ForwardBatch, SeqChunk  # noqa: E402
 from prefixcache.model.llama import PagedLlama  # noqa: E402
 from prefixcache.model.weights import load_hf_weights  # noqa: E402
 
 
-def batch_for(pages: list[int], start: int, end: int, bs: int, det: bool) -> ForwardBatch:
+def batch_for(pages: list[int], start: int, end: int, bs: int) -> ForwardBatch:
     pos = torch.arange(start, end)
     table = torch.tensor(pages[:(end + bs - 1) // bs])
     slots = table[pos // bs] * bs + pos % bs
     ids = torch.randint(0, 32000, (end - start,), generator=torch.Generator().manual_seed(1))
     return ForwardBatch(ids, pos, slots, [SeqChunk(0, end - start, end, table)],
-                        torch.tensor([end - start - 1]), det)
+                        torch.tensor([end - start - 1]))
 
 
 def timeit(fn, reps: int) -> float:
@@ -73,11 +73,11 @@ def main() -> None:
     kv = ours.new_kv_pool(len(pages), bs)
     ids = torch.randint(0, 32000, (1, n), generator=torch.Generator().manual_seed(1))
 
-    cold = batch_for(pages, 0, n, bs, False)
+    cold = batch_for(pages, 0, n, bs)
     cold.input_ids = ids[0]
-    chunk = batch_for(pages, n - tail, n, bs, False)
+    chunk = batch_for(pages, n - tail, n, bs)
     chunk.input_ids = ids[0, n - tail:]
-    decode = batch_for(pages, n - 1, n, bs, False)
+    decode = batch_for(pages, n - 1, n, bs)
     decode.input_ids = ids[0, n - 1:]
 
     with torch.inference_mode():
@@ -101,10 +101,8 @@ def main() -> None:
             "hf 64 over 1984 (logits_to_keep=1)": lambda: hf_chunk(1),
         }
         if not args.no_deterministic:
-            dcold, dchunk, ddecode = (dataclasses.replace(b, deterministic=True)
-                                      for b in (cold, chunk, decode))
-            runs.update({"ours det cold 2048": lambda: ours(dcold, kv),
-                         "ours det 64 over 1984": lambda: ours(dchunk, kv)})
+            runs.update({"ours det cold 2048": lambda: forward_deterministic(ours, cold, kv),
+                         "ours det 64 over 1984": lambda: forward_deterministic(ours, chunk, kv)})
         for fn in runs.values():  # warm up
             fn()
         wall: dict[str, list[float]] = {k: [] for k in runs}
@@ -118,7 +116,7 @@ def main() -> None:
         ours(cold, kv)  # decode runs over a filled 2,047-token context
         dec = {"ours decode @2048": lambda: ours(decode, kv), "hf decode @1985": hf_decode}
         if not args.no_deterministic:
-            dec["ours det decode @2048"] = lambda: ours(ddecode, kv)
+            dec["ours det decode @2048"] = lambda: forward_deterministic(ours, decode, kv)
         for fn in dec.values():
             fn()
         for name in dec:

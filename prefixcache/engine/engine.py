@@ -1,15 +1,15 @@
-"""The engine loop: schedule a step, run the model over the paged KV, sample, publish.
+"""The engine loop: schedule -> runner.run -> commit -> outputs.
 
 ``LLMEngine`` is synchronous and single-threaded: ``add_request`` / ``abort_request``
 queue work, each ``step()`` runs one model step and returns the outputs of requests that
 produced a token or finished. The server drives it from a background thread; the
 offline ``LLM`` drives it in a loop.
 
-Publication rule: pages are committed (published) only after the model step and the
-sampling that reads its logits completed without error (on CUDA, ``tolist()`` of the
-sampled tokens synchronizes the stream first). A failing step publishes nothing,
-withdraws its in-flight registrations and finishes the step's requests with
-``finish_reason="error"``; the engine keeps serving.
+Publication rule: pages are committed (published) only after
+:meth:`ModelRunner.run` returned, which is after the step's device work finished
+(an explicit synchronisation ends every step, see ``engine/model_runner.py``). A failing
+step publishes nothing, withdraws its in-flight registrations and finishes the step's
+requests with ``finish_reason="error"``; the engine keeps serving.
 """
 from __future__ import annotations
 
@@ -21,13 +21,11 @@ import torch
 
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.config import EngineConfig
+from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
 from prefixcache.engine.request import Request, RequestStatus
-from prefixcache.engine.scheduler import Scheduler, ScheduledSeq
-from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
-from prefixcache.model.kv_pool import KVPool
+from prefixcache.engine.scheduler import ScheduledSeq, Scheduler
 from prefixcache.model.loader import LoadedModel, load_model
-from prefixcache.model.sampler import sample, token_logprobs
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams
 
@@ -64,30 +62,23 @@ class LLMEngine:
         self.tokenizer = self.loaded.tokenizer
         mc = self.model_config
         bs = config.block_size
-        per_token = KVPool.bytes_per_token(mc.num_hidden_layers, mc.num_key_value_heads,
-                                           mc.head_dim, config.torch_dtype)
-        num_pages = config.num_pages or max(2, config.kv_cache_bytes // (per_token * bs))
-        model_len = mc.check_max_model_len(config.max_model_len, config.allow_long_context)
-        self.max_model_len = min(model_len, num_pages * bs)
+        self.runner = ModelRunner(self.model, mc, config)
+        num_pages = self.runner.num_pages
+        limit = mc.check_max_model_len(config.max_model_len, config.allow_long_context)
+        self.max_model_len = min(limit, num_pages * bs)
         # what limits the context, named in error messages
         self._context_limit = (
             f"the KV pool allows {self.max_model_len} tokens ({num_pages} pages of {bs} tokens; "
-            "raise num_pages or kv_cache_bytes)" if num_pages * bs < model_len
+            "raise num_pages or kv_cache_bytes)" if num_pages * bs < limit
             else f"the maximum context length (max_model_len) is {self.max_model_len} tokens")
-        # Sliding-window layers are masked exactly over the full KV (model/attention.py),
-        # so a cached prefix gives the same output as a cold prefill: caching stays on.
-        caching = config.enable_prefix_caching
-        self.enable_prefix_caching = caching
-        self.kv = KVPool(mc.num_hidden_layers, num_pages, bs, mc.num_key_value_heads,
-                         mc.head_dim, config.torch_dtype, self.device)
-        self.cache = KVCacheManager(num_pages, bs, enable_prefix_caching=caching,
+        self.cache = KVCacheManager(num_pages, bs,
+                                    enable_prefix_caching=config.enable_prefix_caching,
                                     model_id=self.loaded.model_id,
                                     root_seed=config.hash_root_seed,
                                     shuffle_seed=config.shuffle_seed)
         self.scheduler = Scheduler(config, self.cache, clock)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "steps": 0, "failed_steps": 0, "requests_finished": 0,
                          "requests_aborted": 0}
@@ -112,6 +103,9 @@ class LLMEngine:
         if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
             raise ParamError("max_tokens", f"max_tokens={params.max_tokens} plus the prompt's "
                              f"{n} tokens is too long: {self._context_limit}")
+        if n + params.min_tokens > self.max_model_len:
+            raise ParamError("min_tokens", f"min_tokens={params.min_tokens} plus the prompt's "
+                             f"{n} tokens can never be generated: {self._context_limit}")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, *, prompt: str | None = None,
@@ -160,8 +154,7 @@ class LLMEngine:
         req.error = error
         req.status = RequestStatus.FINISHED
         req.metrics.finished_time = self.clock()
-        if not req.cached_final:
-            req.cached_final = True
+        req.freeze_cached()
         self.scheduler.remove(req)
         self.requests.pop(req.request_id, None)
 
@@ -174,42 +167,41 @@ class LLMEngine:
         if not plan.scheduled:
             return outputs
         self.counters["steps"] += 1
-        batch, sample_rows, prompt_rows = self._build_batch(plan.scheduled)
         try:
-            logits = self.model.forward(batch, self.kv)
-            samplers = [s for s in plan.scheduled if s.samples]
-            rows = [sample_rows[id(s.request)] for s in samplers]
-            tokens, lps = sample(
-                logits[rows] if rows else logits[:0],
-                [s.request.sampling_params for s in samplers],
-                [s.request.generator for s in samplers],
-                [s.request.output_token_ids for s in samplers],
-                self.generator)
+            result = self.runner.run(plan.scheduled)
         except Exception as exc:  # the engine keeps serving; the step's requests fail
             log.exception("model step failed")
-            self.counters["failed_steps"] += 1
-            for s in plan.scheduled:
-                self.cache.fail_step(s.request.page_table)
-            for s in plan.scheduled:
-                self._finish(s.request, "error", f"{type(exc).__name__}: {exc}")
-                outputs.append(self.outputs.make_output(s.request))
-            return outputs
-        if prompt_rows:
-            self._prompt_logprobs(plan.scheduled, logits, prompt_rows)
-        for s in plan.scheduled:
-            req = s.request
-            if req.in_prefill:
-                self.counters["prefill_tokens_computed"] += s.num_tokens
-            else:
-                self.counters["decode_tokens_computed"] += s.num_tokens
-            self.cache.commit(req.page_table, s.num_tokens)
+            return outputs + self._fail(plan.scheduled, exc)
+        self._publish(plan.scheduled, result)
+        return outputs + self._emit(result)
+
+    def _fail(self, scheduled: list[ScheduledSeq], exc: Exception) -> list[RequestOutput]:
+        """Publish nothing, withdraw the step's in-flight pages, finish its requests."""
+        self.counters["failed_steps"] += 1
+        for s in scheduled:
+            self.cache.fail_step(s.request.page_table)
+        for s in scheduled:
+            self._finish(s.request, "error", f"{type(exc).__name__}: {exc}")
+        return [self.outputs.make_output(s.request) for s in scheduled]
+
+    def _publish(self, scheduled: list[ScheduledSeq], result: StepResult) -> None:
+        """The step completed on the device: commit its KV (publishing full pages)."""
+        for req, start, lps in result.prompt_logprobs:
+            self.outputs.append_prompt_logprobs(req, start, lps)
+        for s in scheduled:
+            kind = "prefill" if s.request.in_prefill else "decode"
+            self.counters[f"{kind}_tokens_computed"] += s.num_tokens
+            self.cache.commit(s.request.page_table, s.num_tokens)
+
+    def _emit(self, result: StepResult) -> list[RequestOutput]:
+        """Append the sampled tokens, apply stop conditions, build the outputs."""
+        outputs = []
         now = self.clock()
-        for s, tok, lp in zip(samplers, tokens, lps):
+        for s, tok, lp in result.sampled:
             req = s.request
             if not req.prefill_done:
                 req.prefill_done = True
-                if not req.cached_final:
-                    req.cached_final = True
+                req.freeze_cached()
                 self.cache.record_query(req.num_prompt_tokens, req.num_cached_tokens,
                                         req.num_inflight_hit_tokens)
             reason = self.outputs.append_token(req, tok, lp, now)
@@ -218,63 +210,6 @@ class LLMEngine:
                 self.counters["requests_finished"] += 1
             outputs.append(self.outputs.make_output(req))
         return outputs
-
-    def _build_batch(self, scheduled: list[ScheduledSeq]
-                     ) -> tuple[ForwardBatch, dict[int, int], dict[int, tuple[int, int, int]]]:
-        """Flatten the step. Returns the batch, each sampling request's logits row, and
-        for prompt-logprobs requests ``(first logits row, first position, end position)``
-        of the positions whose next token is a prompt token."""
-        bs = self.config.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seqs: list[SeqChunk] = []
-        logits_rows: list[int] = []
-        sample_rows: dict[int, int] = {}
-        prompt_rows: dict[int, tuple[int, int, int]] = {}
-        for s in scheduled:
-            req, n = s.request, s.num_tokens
-            pages = req.page_table.pages
-            start = req.page_table.num_computed_tokens
-            end = start + n
-            q_start = len(ids)
-            ids.extend(req.all_token_ids[start:end])
-            positions.extend(range(start, end))
-            slots.extend(pages[p // bs] * bs + p % bs for p in range(start, end))
-            seqs.append(SeqChunk(q_start, n, end, torch.tensor(
-                pages[:-(-end // bs)], dtype=torch.long, device=self.device)))
-            if req.sampling_params.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
-                # rows whose next token is a prompt token: [start, min(end, prompt - 1))
-                last = min(end, req.num_prompt_tokens - 1)
-                prompt_rows[id(req)] = (len(logits_rows), start, last)
-                logits_rows.extend(range(q_start, q_start + last - start))
-            if s.samples:
-                sample_rows[id(req)] = len(logits_rows)
-                logits_rows.append(q_start + n - 1)
-        dev = self.device
-        batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            seqs=seqs,
-            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
-            deterministic=self.config.deterministic)
-        return batch, sample_rows, prompt_rows
-
-    def _prompt_logprobs(self, scheduled: list[ScheduledSeq], logits: torch.Tensor,
-                         prompt_rows: dict[int, tuple[int, int, int]]) -> None:
-        for s in scheduled:
-            req = s.request
-            if id(req) not in prompt_rows:
-                continue
-            row0, start, end = prompt_rows[id(req)]
-            lps = torch.log_softmax(logits[row0:row0 + end - start].float(), dim=-1)
-            k = req.sampling_params.prompt_logprobs
-            if req.prompt_logprobs is None or start == 0:
-                req.prompt_logprobs = [None]
-            for j, pos in enumerate(range(start, end)):
-                req.prompt_logprobs.append(
-                    self.outputs.logprob_dict(token_logprobs(lps[j], req.all_token_ids[pos + 1], k)))
 
     # -- introspection -------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:

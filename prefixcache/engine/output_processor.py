@@ -1,4 +1,9 @@
-"""Turns sampled tokens into request state: text, logprobs, stop conditions, outputs."""
+"""Turns sampled tokens into request state: text, logprobs, stop conditions, outputs.
+
+Per generated token the work is O(1) in the request's history: stop ids are a set, stop
+strings are searched only in the new text plus a window of the longest stop string, and
+an output shares the request's token and logprob lists instead of copying them.
+"""
 from __future__ import annotations
 
 from prefixcache.engine.request import Request
@@ -41,6 +46,7 @@ class OutputProcessor:
         """Record one generated token. Returns the finish reason, or ``None``."""
         p = req.sampling_params
         req.all_token_ids.append(token)
+        req.output_token_ids.append(token)
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
         req.metrics.last_token_time = now
@@ -49,7 +55,7 @@ class OutputProcessor:
             req.cumulative_logprob = (req.cumulative_logprob or 0.0) + lp.logprob
         n_out = req.num_output_tokens
         if n_out >= p.min_tokens:
-            if token in p.stop_token_ids:
+            if token in req.stop_ids:
                 req.stop_reason = token
                 self._flush(req)
                 return "stop"
@@ -81,11 +87,11 @@ class OutputProcessor:
         """Find the earliest stop string that ends inside the new text."""
         p = req.sampling_params
         text = req.detokenizer.text
-        longest = max(len(s) for s in p.stop)
+        longest = max(len(s) for s in p.stop)  # at most MAX_STOP_STRINGS
         lo = max(0, len(text) - len(delta) - longest + 1)
         best: tuple[int, str] | None = None
         for s in p.stop:
-            k = text.find(s, lo)
+            k = text.find(s, lo)  # scans only the new tail: [lo, len(text))
             if k != -1 and (best is None or k < best[0]):
                 best = (k, s)
         if best is None:
@@ -103,15 +109,24 @@ class OutputProcessor:
                 out[t] = Logprob(v, r, dec(t))
         return out
 
+    def append_prompt_logprobs(self, req: Request, start: int,
+                               lps: list[TokenLogprobs]) -> None:
+        """Record the logprobs of prompt positions ``start + 1 ...`` (one per entry of
+        ``lps``: the distribution at position ``p`` scores prompt token ``p + 1``)."""
+        if req.prompt_logprobs is None or start == 0:
+            req.prompt_logprobs = [None]
+        req.prompt_logprobs.extend(self.logprob_dict(lp) for lp in lps)
+
     def make_output(self, req: Request) -> RequestOutput:
-        """A snapshot of the request (cumulative text and tokens, as vLLM streams)."""
+        """A snapshot of the request (cumulative text and tokens, as vLLM streams). O(1):
+        it shares the request's lists (see :class:`CompletionOutput`)."""
         comp = CompletionOutput(
-            index=0, text=req.text, token_ids=list(req.output_token_ids),
-            cumulative_logprob=req.cumulative_logprob,
-            logprobs=list(req.logprobs) if req.logprobs is not None else None,
-            finish_reason=req.finish_reason, stop_reason=req.stop_reason)
+            index=0, text=req.text, token_ids=req.output_token_ids,
+            cumulative_logprob=req.cumulative_logprob, logprobs=req.logprobs,
+            finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+            num_tokens=len(req.output_token_ids))
         return RequestOutput(
             request_id=req.request_id, prompt=req.prompt,
             prompt_token_ids=req.prompt_token_ids, outputs=[comp], finished=req.finished,
             num_cached_tokens=req.num_cached_tokens, metrics=req.metrics, error=req.error,
-            prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs else None)
+            prompt_logprobs=req.prompt_logprobs or None)

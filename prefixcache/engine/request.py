@@ -21,8 +21,10 @@ class Request:
     """One generation request.
 
     ``all_token_ids`` is the prompt followed by the generated tokens; the page table
-    reads it. ``num_cached_tokens`` is fixed once the first prefill completes (or at the
-    first preemption): prompt tokens read from the cache, at admission or by following.
+    reads it. ``output_token_ids`` holds the generated tokens alone (appended alongside,
+    never rebuilt). ``num_cached_tokens``: prompt tokens read from the cache, at admission
+    or by following; read from the page table until :meth:`freeze_cached` fixes it (when
+    the first prefill completes, at the first preemption, or when the request finishes).
     """
 
     request_id: str
@@ -35,10 +37,9 @@ class Request:
     extra_keys: tuple = ()
     status: RequestStatus = RequestStatus.WAITING
     all_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
     page_table: PageTable | None = None
-    num_cached_tokens: int = 0
-    num_inflight_hit_tokens: int = 0
-    cached_final: bool = False
+    frozen_cached: tuple[int, int] | None = None  # (cached, in-flight hit) tokens, once fixed
     prefill_done: bool = False
     num_preemptions: int = 0
     finish_reason: str | None = None
@@ -49,13 +50,17 @@ class Request:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     cumulative_logprob: float | None = None
     generator: Any = None        # torch.Generator for seeded sampling
+    penalty_counts: Any = None   # model.sampler.PenaltyCounts, when a penalty is set
+    stop_ids: frozenset[int] = frozenset()  # sampling_params.stop_token_ids as a set
     detokenizer: Any = None
     metrics: RequestMetrics = None  # type: ignore[assignment]
     admit_seq: int = 0           # order of (re-)admission, for preemption victims
+    probe: Any = None            # the scheduler's memoised cache probe (scheduler.Probe)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
+        self.stop_ids = frozenset(self.sampling_params.stop_token_ids)
         if self.metrics is None:
             self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         if self.sampling_params.logprobs is not None:
@@ -67,12 +72,26 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[len(self.prompt_token_ids):]
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
 
     @property
-    def num_output_tokens(self) -> int:
-        return len(self.all_token_ids) - len(self.prompt_token_ids)
+    def num_cached_tokens(self) -> int:
+        if self.frozen_cached is not None:
+            return self.frozen_cached[0]
+        return self.page_table.num_cached_tokens if self.page_table else 0
+
+    @property
+    def num_inflight_hit_tokens(self) -> int:
+        if self.frozen_cached is not None:
+            return self.frozen_cached[1]
+        return self.page_table.num_inflight_hit_tokens if self.page_table else 0
+
+    def freeze_cached(self) -> None:
+        """Fix ``num_cached_tokens`` (idempotent): a preempted request's later page
+        tables do not change what it read from the cache."""
+        if self.frozen_cached is None:
+            self.frozen_cached = (self.num_cached_tokens, self.num_inflight_hit_tokens)
 
     @property
     def num_computed_tokens(self) -> int:

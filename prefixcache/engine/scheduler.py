@@ -17,6 +17,12 @@ Each :meth:`Scheduler.schedule` call plans one model step under a token budget
    that is cached or in flight. A cold request is passed only by requests that arrived
    within that window after it, so no request waits without bound (aging).
 
+Each request's view of the cache (its hit pages and who computes the page after them) is
+a :class:`Probe`, computed at most once per request and per change of the cache: it is
+memoised on the request, keyed by the page table's state and the cache manager's
+``generation`` (bumped whenever the index or the in-flight set may change). A step in
+which the cache did not change re-matches no waiting request.
+
 Why followers cannot deadlock: a request registers pages as in flight only in a step
 that computes them, and a request holding a partial page of its own never waits. So an
 owner is never itself waiting, and every wait ends when the owner's step completes, or
@@ -30,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from prefixcache.cache.manager import KVCacheManager
+from prefixcache.cache.page_table import PageTable
 from prefixcache.config import EngineConfig
 from prefixcache.engine.request import Request, RequestStatus
 
@@ -48,11 +55,23 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    following: list[Request] = field(default_factory=list)
 
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
+
+@dataclass
+class Probe:
+    """A page table's view of the cache, valid while ``key`` matches.
+
+    Attributes:
+        table: the page table it was computed for.
+        key: ``(cache generation, pages held, computed tokens)`` at that time.
+        hit_pages: published pages that continue the table (``take_hits`` would take them).
+        next_owner: the request computing the page right after them, if another one is.
+    """
+
+    table: PageTable
+    key: tuple[int, int, int]
+    hit_pages: list[int]
+    next_owner: str | None
 
 
 class Scheduler:
@@ -65,7 +84,7 @@ class Scheduler:
         self.cache = cache
         self.clock = clock
         self.waiting: list[Request] = []
-        self.running: list[Request] = []
+        self.running: dict[str, Request] = {}  # by request id, in admission order
         self._admit_counter = 0
         self.num_preemptions = 0
 
@@ -84,9 +103,7 @@ class Scheduler:
 
     def remove(self, req: Request) -> None:
         """Take a request out of the queues and release its pages (finish, abort, error)."""
-        if req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
+        if self.running.pop(req.request_id, None) is None and req in self.waiting:
             self.waiting.remove(req)
         if req.page_table is not None:
             self.cache.free(req.page_table)
@@ -94,10 +111,10 @@ class Scheduler:
 
     def preempt(self, req: Request) -> None:
         """Preempt by recompute: free the pages, go back to the waiting queue."""
-        self.running.remove(req)
+        del self.running[req.request_id]
         self.cache.free(req.page_table)
         req.num_preemptions += 1
-        req.cached_final = True  # what it read from the cache is fixed at first admission
+        req.freeze_cached()  # what it read from the cache is fixed at first admission
         self.num_preemptions += 1
         self._new_page_table(req)
         req.status = RequestStatus.WAITING
@@ -111,12 +128,11 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        for req in list(self.running):
+        for req in list(self.running.values()):
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = self._tokens_to_schedule(req, budget)
             if n == 0:
-                out.following.append(req)
                 continue
             if not self._allocate_or_preempt(req, n, out):
                 continue
@@ -143,25 +159,41 @@ class Scheduler:
             remaining = req.num_tokens_to_compute
         return min(remaining, budget)
 
+    def _probe(self, req: Request) -> Probe:
+        """The request's memoised :class:`Probe` (recomputed only when its table or the
+        cache changed since)."""
+        pt = req.page_table
+        assert pt is not None  # queued requests always hold a page table
+        key = (self.cache.generation, len(pt.pages), pt.num_computed_tokens)
+        probe = req.probe
+        if probe is None or probe.table is not pt or probe.key != key:
+            hits = self.cache.match_pages(pt)
+            probe = Probe(pt, key, hits, self.cache.next_page_owner(pt, len(hits)))
+            req.probe = probe
+        return probe
+
     def _take_cached(self, req: Request) -> None:
-        self.cache.take_hits(req.page_table)
-        if not req.cached_final:
-            req.num_cached_tokens = req.page_table.num_cached_tokens
-            req.num_inflight_hit_tokens = req.page_table.num_inflight_hit_tokens
+        """Take the probe's hit pages (the first call also marks the admission)."""
+        pt = req.page_table
+        probe = self._probe(req)
+        if not probe.hit_pages and pt.admitted:
+            return
+        self.cache.take_hits(pt)
+        # The run of hits ended at the page ``next_owner`` computes: after taking them,
+        # nothing more matches and the next page's owner is the same.
+        req.probe = Probe(pt, (self.cache.generation, len(pt.pages), pt.num_computed_tokens),
+                          [], probe.next_owner)
 
     def _leader_running(self, req: Request) -> bool:
-        owner = self.cache.next_page_owner(req.page_table)
-        if owner is None:
-            return False
-        leader = next((r for r in self.running if r.request_id == owner), None)
-        return leader is not None and leader is not req
+        """Whether the page after the request's hits is computed by a running request."""
+        return self._probe(req).next_owner in self.running
 
     def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
         """Allocate pages for ``n`` tokens, preempting the most recently admitted
         running requests (possibly ``req`` itself) until they fit."""
         scheduled = {id(s.request) for s in out.scheduled}
         while not self.cache.allocate(req.page_table, n):
-            victims = [r for r in self.running if id(r) not in scheduled]
+            victims = [r for r in self.running.values() if id(r) not in scheduled]
             victim = max(victims, key=lambda r: r.admit_seq)
             self.preempt(victim)
             out.preempted.append(victim)
@@ -173,19 +205,23 @@ class Scheduler:
         """Admit waiting requests in :meth:`_waiting_order`. A request whose next page is
         in flight is admitted as a follower even when the token budget is spent: it
         computes nothing this step, but takes the leader's pages as they publish."""
+        if len(self.running) >= self.config.max_num_seqs:
+            return
         for req in self._waiting_order():
             if len(self.running) >= self.config.max_num_seqs:
                 return
             pt = req.page_table
-            follows = self._would_follow(req)
+            probe = self._probe(req)
+            follows = probe.next_owner in self.running
             if budget <= 0 and not follows:
                 continue
-            n = min(len(req.all_token_ids) - self.cache.peek_hits(pt), budget)
-            if not follows and not self.cache.can_allocate(self._pages_to_admit(req, n)):
+            hit = len(probe.hit_pages) * self.cache.block_size
+            n = min(len(req.all_token_ids) - hit, budget)
+            if not follows and not self.cache.can_allocate(self._pages_to_admit(probe, hit, n)):
                 return  # keep FCFS order under memory pressure: nobody jumps the queue
             self._take_cached(req)
             self.waiting.remove(req)
-            self.running.append(req)
+            self.running[req.request_id] = req
             req.status = RequestStatus.RUNNING
             self._admit_counter += 1
             req.admit_seq = self._admit_counter
@@ -193,12 +229,11 @@ class Scheduler:
                 req.metrics.first_scheduled_time = self.clock()
             if follows and self._leader_running(req):
                 self.cache.wait(pt)
-                out.following.append(req)
                 continue
             n = min(req.num_tokens_to_compute, budget)
             if n <= 0 or not self.cache.allocate(pt, n):
                 # Cannot compute now after all: undo the admission, keep its place.
-                self.running.remove(req)
+                del self.running[req.request_id]
                 self.cache.free(pt)
                 self._new_page_table(req)
                 req.status = RequestStatus.WAITING
@@ -207,23 +242,14 @@ class Scheduler:
             out.scheduled.append(self._planned(req, n))
             budget -= n
 
-    def _would_follow(self, req: Request) -> bool:
-        """Whether, after its hit, the request's next page is computed by a running
-        request (no side effects)."""
-        pt = req.page_table
-        hit = self.cache.peek_hits(pt)
-        owner = self.cache.next_page_owner(pt, hit // self.cache.block_size)
-        return owner is not None and any(r.request_id == owner for r in self.running)
-
-    def _pages_to_admit(self, req: Request, n: int) -> int:
-        """Pool pages admitting ``req`` for ``n`` new tokens would consume: new pages
-        plus its hit pages that are cached-free now (a hit takes them off the LRU)."""
+    def _pages_to_admit(self, probe: Probe, hit: int, n: int) -> int:
+        """Pool pages admitting a request with ``hit`` cached tokens for ``n`` new tokens
+        would consume: new pages plus its hit pages that are cached-free now (a hit takes
+        them off the LRU)."""
         bs = self.cache.block_size
-        hit = self.cache.peek_hits(req.page_table)
         new_pages = -(-(hit + n) // bs) - hit // bs
-        cached = sum(1 for p in self.cache.match_pages(req.page_table)
-                     if self.cache.pool.ref_count[p] == 0)
-        return new_pages + cached
+        ref_count = self.cache.pool.ref_count
+        return new_pages + sum(1 for p in probe.hit_pages if ref_count[p] == 0)
 
     def _waiting_order(self) -> list[Request]:
         """FCFS, or cache-aware with aging when ``cache_aware_window_s > 0``."""
@@ -242,7 +268,8 @@ class Scheduler:
         follow, if its next page is in flight), in [0, 1]."""
         pt = req.page_table
         n = len(req.all_token_ids)
-        hit = self.cache.peek_hits(pt)
-        if hit + pt.num_computed_tokens < n - 1 and self.cache.peek_inflight(pt, hit):
+        probe = self._probe(req)
+        hit = len(probe.hit_pages) * self.cache.block_size
+        if hit + pt.num_computed_tokens < n - 1 and probe.next_owner is not None:
             return 1.0
         return hit / n

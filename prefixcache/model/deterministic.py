@@ -26,25 +26,20 @@ its position alone:
 
 Cost: a decode token pays the matmuls of a whole tile (``block_size`` rows), and every
 tile runs its own small kernels (about 40 per layer), so overhead grows with the number
-of tiles. Measured on 2 CPU threads (56M Llama, float32; ``scripts/model_forward_perf.py``):
-2.9x the default mode's time for a cold 2,048-token prefill, 1.7x for 64 tokens over
-1,984 cached, 1.9x per decode token. The default mode is untouched. The bits depend on
+of tiles (figures: ``scripts/model_forward_perf.py``, ``benchmarks/``). The bits depend on
 the device, dtype, torch build and thread count: runs agree on one machine configuration,
 not across machines.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
 from prefixcache.model.kv_pool import KVPool
-
-if TYPE_CHECKING:
-    from prefixcache.model.llama import PagedLlama
+from prefixcache.model.llama import PagedLlama
 
 
 @dataclass
@@ -117,13 +112,22 @@ def _tile_attention(q: torch.Tensor, kv: KVPool, layer: int, tile: Tile, key_lo:
     return o[0].transpose(0, 1).flatten(1)
 
 
-def forward_deterministic(model: "PagedLlama", batch: ForwardBatch, kv: KVPool
+@torch.inference_mode()
+def forward_deterministic(model: PagedLlama, batch: ForwardBatch, kv: KVPool
                           ) -> torch.Tensor:
-    """Batch-invariant :meth:`PagedLlama.forward`: same inputs and outputs, see module doc.
+    """Batch-invariant sibling of :func:`prefixcache.model.llama.forward_default`: same
+    inputs and outputs (float32 logits ``[len(batch.logits_indices), vocab]``), see the
+    module doc.
 
     Reads ``batch.logits_indices`` on the host (one small device-to-host copy).
+
+    Raises:
+        ValueError: a position beyond ``max_position_embeddings``.
     """
+    model.check_positions(batch)
     bs, dev, cfg = kv.block_size, model.device, model.config
+    if not batch.seqs:
+        return torch.empty(0, cfg.vocab_size, device=dev)
     tiles = plan_tiles(batch.seqs, bs)
     tile_slot = [i * bs + r for i, t in enumerate(tiles) for r in range(t.lo, t.hi)]
     x = torch.zeros(len(tiles) * bs, cfg.hidden_size, device=dev, dtype=model.dtype)

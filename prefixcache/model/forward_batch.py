@@ -42,9 +42,10 @@ class ForwardBatch:
         seqs: per-sequence chunks, in row order.
         logits_indices: int64 ``[S]`` rows whose next-token logits the step returns
             (the last row of each sequence that samples this step).
-        deterministic: batch-invariant arithmetic (see ``model/llama.py``): every token's
-            logits and KV are bit-identical whatever else is in the batch and however the
-            prefill was chunked or cached.
+
+    The arithmetic mode (default or deterministic) is not part of the batch: the engine's
+    model runner picks the forward function once (``model/llama.py``,
+    ``model/deterministic.py``).
     """
 
     input_ids: torch.Tensor
@@ -52,7 +53,6 @@ class ForwardBatch:
     slot_mapping: torch.Tensor
     seqs: list[SeqChunk]
     logits_indices: torch.Tensor
-    deterministic: bool = False
 
     @property
     def num_tokens(self) -> int:

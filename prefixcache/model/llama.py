@@ -5,14 +5,15 @@ pool at ``slot_mapping`` -> attention of each sequence against its context KV ga
 through its page table -> output projection -> residual; RMSNorm -> SwiGLU MLP (fused
 gate/up) -> residual. The final norm and ``lm_head`` run only on ``logits_indices``.
 
-Two arithmetic modes (``ForwardBatch.deterministic``):
+Two arithmetic modes, two sibling forward functions over ``DecoderLayer.qkv/finish`` and
+the :class:`KVPool`; the engine's model runner picks one per engine:
 
-* default: all new tokens of the step go through each linear layer as one matmul and
-  each sequence's queries through one ``scaled_dot_product_attention``. Fastest; a token's
+* default (:func:`forward_default`, also ``PagedLlama.forward``): all new tokens of the
+  step go through each linear layer as one matmul and each sequence's queries through
+  one ``scaled_dot_product_attention``. Fastest; a token's
   values may differ at the floating-point level with the batch composition or chunking.
-* deterministic: batch-invariant tiles, see :mod:`prefixcache.model.deterministic`.
-  Measured on 2 CPU threads (56M Llama, float32): 2.9x the default time for a cold
-  2,048-token prefill, 1.7x for 64 tokens over 1,984 cached, 1.9x per decode token.
+* deterministic (:func:`prefixcache.model.deterministic.forward_deterministic`):
+  batch-invariant tiles; cost figures are in ``benchmarks/``.
 
 Limits: each sequence's context KV is gathered (copied) from its pages once per layer,
 and sequences attend one after another (no batched decode kernel). Sliding windows are
@@ -130,33 +131,42 @@ class PagedLlama(nn.Module):
         return KVPool(c.num_hidden_layers, num_pages, block_size, c.num_key_value_heads,
                       c.head_dim, self.dtype, self.device)
 
-    @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
-        """Run one step: write the KV of ``batch``'s new tokens into ``kv`` and return
-        float32 logits ``[len(batch.logits_indices), vocab]`` for the rows
-        ``batch.logits_indices``. Positions are not limited here: the engine admits
-        requests up to its ``max_model_len`` (``ModelConfig.check_max_model_len``).
-        """
-        if not batch.seqs:
-            return torch.empty(0, self.config.vocab_size, device=self.device)
-        max_ctx = max(s.ctx_len for s in batch.seqs)
-        if batch.deterministic:
-            from prefixcache.model.deterministic import forward_deterministic
-            return forward_deterministic(self, batch, kv)
-        return self._forward_default(batch, kv, max_ctx)
+        """The default-mode step, :func:`forward_default`."""
+        return forward_default(self, batch, kv)
 
-    def _forward_default(self, batch: ForwardBatch, kv: KVPool, max_ctx: int) -> torch.Tensor:
-        x = F.embedding(batch.input_ids, self.embed)
-        cos, sin = self.rope.cos_sin(batch.positions, max_ctx - 1, self.dtype)
-        plans = {w: plan_attention(batch.seqs, w, self.device, kv.block_size)
-                 for w in set(self.config.layer_sliding_windows)}
-        for i, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(x, cos, sin)
-            kv.write(i, batch.slot_mapping, k, v)
-            attn = paged_attention(q, k, v, kv, i, plans[self.config.layer_sliding_windows[i]])
-            x = layer.finish(x, attn)
-        return self.logits(x[batch.logits_indices])
+    def check_positions(self, batch: ForwardBatch) -> int:
+        """The step's longest context in tokens (0 for an empty batch). Positions are not
+        limited here: the engine admits requests up to its ``max_model_len``
+        (``ModelConfig.check_max_model_len``), which may pass the trained length only
+        with ``allow_long_context``."""
+        return max((s.ctx_len for s in batch.seqs), default=0)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``."""
         return self._lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps)).float()
+
+
+@torch.inference_mode()
+def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+    """Run one step: write the KV of ``batch``'s new tokens into ``kv`` and return
+    float32 logits ``[len(batch.logits_indices), vocab]`` for the rows
+    ``batch.logits_indices``.
+
+    Raises:
+        ValueError: a position beyond ``max_position_embeddings``.
+    """
+    max_ctx = model.check_positions(batch)
+    cfg = model.config
+    if not batch.seqs:
+        return torch.empty(0, cfg.vocab_size, device=model.device)
+    x = F.embedding(batch.input_ids, model.embed)
+    cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
+    plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size)
+             for w in set(cfg.layer_sliding_windows)}
+    for i, layer in enumerate(model.layers):
+        q, k, v = layer.qkv(x, cos, sin)
+        kv.write(i, batch.slot_mapping, k, v)
+        attn = paged_attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])
+        x = layer.finish(x, attn)
+    return model.logits(x[batch.logits_indices])

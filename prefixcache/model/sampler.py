@@ -1,4 +1,6 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, penalties, logprobs.
+"""Token sampling kernels: greedy, temperature, top-k, top-p, min-p, penalties, logprobs.
+
+The engine's model runner (``engine/model_runner.py``) calls them once per step.
 
 Random rows use the exponential race (Gumbel-max in another form): the token is
 ``argmax(p_i / q_i)`` with ``q_i ~ Exp(1)`` drawn from the request's generator, which
@@ -29,21 +31,62 @@ class TokenLogprobs:
     top_logprobs: list[float]
 
 
-def apply_penalties(logits: torch.Tensor, output_ids: list[int], p: SamplingParams) -> torch.Tensor:
-    """Presence, frequency (OpenAI) and repetition (CTRL, Keskar et al. 2019) penalties
-    over the tokens generated so far. ``logits``: ``[V]``; returns a new tensor."""
-    if not output_ids or (p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-                          and p.repetition_penalty == 1.0):
+class PenaltyCounts:
+    """One request's token statistics for penalties, kept on the logits' device and
+    updated by deltas (:meth:`update` costs O(new tokens), never O(history)).
+
+    Attributes:
+        output_counts: float32 ``[V]``, how often each token was generated.
+        prompt_seen: bool ``[V]``, the prompt's tokens (``None`` when the request has no
+            repetition penalty: presence and frequency penalties count generated tokens only).
+        num_counted: generated tokens counted so far.
+
+    Raises:
+        ValueError: a prompt token id outside ``[0, vocab_size)`` (from torch indexing).
+    """
+
+    def __init__(self, prompt_ids: list[int], vocab_size: int, device: torch.device | str,
+                 with_prompt: bool):
+        self.output_counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self.prompt_seen: torch.Tensor | None = None
+        if with_prompt:
+            self.prompt_seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            self.prompt_seen[torch.tensor(prompt_ids, dtype=torch.long, device=device)] = True
+        self.num_counted = 0
+
+    def update(self, output_ids: list[int]) -> None:
+        """Count ``output_ids[num_counted:]``, the tokens generated since the last call."""
+        new = output_ids[self.num_counted:]
+        if new:
+            ids = torch.tensor(new, dtype=torch.long, device=self.output_counts.device)
+            self.output_counts.index_add_(0, ids, torch.ones(len(new), device=ids.device))
+        self.num_counted += len(new)
+
+
+def has_penalties(p: SamplingParams) -> bool:
+    return (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            or p.repetition_penalty != 1.0)
+
+
+def apply_penalties(logits: torch.Tensor, counts: PenaltyCounts | None,
+                    p: SamplingParams) -> torch.Tensor:
+    """Presence and frequency penalties (OpenAI) over the generated tokens, and the
+    repetition penalty (CTRL, Keskar et al. 2019) over the prompt and generated tokens,
+    as vLLM and transformers apply them. ``logits``: ``[V]``; returns a new tensor (or
+    ``logits`` itself when no penalty is set)."""
+    if counts is None or not has_penalties(p):
         return logits
-    ids = torch.tensor(output_ids, device=logits.device, dtype=torch.long)
-    counts = torch.zeros_like(logits).scatter_add_(0, ids, torch.ones_like(ids, dtype=logits.dtype))
-    seen = counts > 0
-    out = logits.clone()
+    out = logits
+    generated = counts.output_counts
     if p.repetition_penalty != 1.0:
-        pos = out > 0
-        out = torch.where(seen & pos, out / p.repetition_penalty, out)
-        out = torch.where(seen & ~pos, out * p.repetition_penalty, out)
-    out = out - p.frequency_penalty * counts - p.presence_penalty * seen.to(out.dtype)
+        seen = generated > 0
+        if counts.prompt_seen is not None:
+            seen = seen | counts.prompt_seen
+        rp = p.repetition_penalty
+        out = torch.where(seen, torch.where(out < 0, out * rp, out / rp), out)
+    if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        out = (out - p.frequency_penalty * generated
+               - p.presence_penalty * (generated > 0).to(out.dtype))
     return out
 
 
@@ -67,7 +110,7 @@ def _truncate(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None], output_ids: list[list[int]],
+           generators: list[torch.Generator | None], penalties: list[PenaltyCounts | None],
            default_generator: torch.Generator | None = None,
            ) -> tuple[list[int], list[TokenLogprobs | None]]:
     """Pick one token per row.
@@ -76,7 +119,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         logits: float32 ``[S, V]``, one row per sampling request.
         params: ``S`` sampling parameters.
         generators: per row, the request's seeded generator or ``None``.
-        output_ids: per row, tokens generated so far (penalties).
+        penalties: per row, the request's up-to-date :class:`PenaltyCounts`, or ``None``
+            (no penalty set: nothing about its history is read).
         default_generator: for unseeded random rows.
 
     Returns:
@@ -84,7 +128,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     """
     rows = []
     for i, p in enumerate(params):
-        row = apply_penalties(logits[i], output_ids[i], p)
+        row = apply_penalties(logits[i], penalties[i], p)
         if p.temperature == 0.0:
             rows.append(torch.argmax(row))
             continue

@@ -83,8 +83,8 @@ class FakeModel:
     def _check_pages(self, pages: list[int], start: int, q_len: int, bs: int) -> None:
         eng = self.engine
         pool = eng.cache.pool
-        owner = next((r for r in eng.scheduler.running
-                      if r.page_table is not None and r.page_table.pages[:len(pages)] == pages), None)
+        owner = next((r for r in eng.scheduler.running.values() if r.page_table is not None
+                      and r.page_table.pages[:len(pages)] == pages), None)
         assert owner is not None, "a page table that belongs to no running request"
         for page in pages[:-(-start // bs)]:
             self.page_reads += 1

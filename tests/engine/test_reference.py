@@ -121,7 +121,7 @@ def test_sliding_window_model_caches_exactly(tmp_path):
     prompt = prompt_ids(60, seed=10)
     toks, lps = ref.greedy(prompt, GREEDY.max_tokens)
     llm = make_llm(ref.path)
-    assert llm.engine.enable_prefix_caching
+    assert llm.engine.cache.enable_prefix_caching
     llm.generate([{"prompt_token_ids": prompt}], GREEDY)
     out = llm.generate([{"prompt_token_ids": prompt}], GREEDY)[0]
     assert out.num_cached_tokens == 48

@@ -148,3 +148,18 @@ def test_bad_prompts_are_rejected_and_engine_keeps_serving(llm):
     assert e.value.param == "max_tokens"
     assert gen(llm, [5, 6, 7], max_tokens=2, ignore_eos=True).outputs[0].finish_reason == "length"
     assert llm.stats()["pages_live"] == 0
+
+
+def test_unreachable_min_tokens_is_rejected_at_admission(llm):
+    # 256 pages * 16 = 4096 > max_position_embeddings 1024: the context is 1024 tokens.
+    assert llm.engine.max_model_len == 1024
+    for prompt_len, min_tokens in [(1000, 25), (10, 1015)]:
+        with pytest.raises(ParamError) as e:
+            gen(llm, prompt_ids(prompt_len, seed=3), min_tokens=min_tokens, max_tokens=None)
+        assert e.value.param == "min_tokens"
+        assert f"min_tokens={min_tokens}" in str(e.value)
+    assert not llm.engine.has_unfinished_requests()
+    out = gen(llm, prompt_ids(1000, seed=3), min_tokens=24, max_tokens=None)
+    assert out.outputs[0].finish_reason == "length"
+    assert len(out.outputs[0].token_ids) == 24  # the context is full after exactly 24
+    assert llm.stats()["pages_live"] == 0

@@ -84,7 +84,7 @@ class EngineMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.eng.scheduler.running)
     @rule(data=st.data())
     def preempt(self, data):
-        req = data.draw(st.sampled_from(self.eng.scheduler.running))
+        req = data.draw(st.sampled_from(list(self.eng.scheduler.running.values())))
         self.eng.scheduler.preempt(req)
 
     @rule()

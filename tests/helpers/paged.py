@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from prefixcache.model.deterministic import forward_deterministic
 from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
+from prefixcache.model.llama import forward_default
 
 
 @dataclass
@@ -70,8 +72,9 @@ class PagedRunner:
             rows += range(q_start, q_start + len(new)) if all_logits else [q_start + len(new) - 1]
             seq.tokens += new
         t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
-        batch = ForwardBatch(t(ids), t(pos), t(slots), seqs, t(rows), self.deterministic)
-        logits = self.model(batch, self.kv)
+        batch = ForwardBatch(t(ids), t(pos), t(slots), seqs, t(rows))
+        forward = forward_deterministic if self.deterministic else forward_default
+        logits = forward(self.model, batch, self.kv)
         out, i = [], 0
         for _, new in work:
             n = len(new) if all_logits else 1
