@@ -36,7 +36,7 @@ def test_engine_with_a_dtype_alias_runs_in_that_dtype():
     engine = llm.engine
     assert engine.config.dtype == "bfloat16"
     assert engine.model.dtype == torch.bfloat16 and engine.model.embed.dtype == torch.bfloat16
-    assert engine.kv.k[0].dtype == torch.bfloat16
+    assert engine.runner.kv.k[0].dtype == torch.bfloat16
     ref = LLM("builtin:tiny", dtype="bfloat16", num_pages=32)
     prompt = [{"prompt_token_ids": [1, 72, 101, 108, 108, 111]}]
     assert (llm.generate(prompt, GREEDY)[0].outputs[0].token_ids
