@@ -19,11 +19,12 @@ offline peers, the HTTP client for serving peers):
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
+
+import numpy as np
 
 
 @dataclass
@@ -64,20 +65,18 @@ class RequestResult:
         return d
 
 
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) with linear interpolation between closest ranks
-    (numpy's default); ``None`` for no values."""
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def mean(values: Iterable[float]) -> float | None:
+def percentile(values: Iterable[float | None], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) of the values that are not ``None``, with linear
+    interpolation between closest ranks (``numpy.percentile``'s default); ``None`` for no
+    values."""
     xs = [v for v in values if v is not None]
-    return sum(xs) / len(xs) if xs else None
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not ``None``; ``None`` for no values."""
+    xs = [v for v in values if v is not None]
+    return float(np.mean(xs)) if xs else None
 
 
 def hit_rate(results: Iterable[RequestResult]) -> float | None:

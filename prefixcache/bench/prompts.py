@@ -66,10 +66,6 @@ class EngineTokenizerRenderer:
         return Prompt(None, list(ids))
 
 
-def render_all(renderer: Renderer, reqs: list[BenchRequest]) -> dict[str, Prompt]:
-    return {r.id: renderer.render(r) for r in reqs}
-
-
 def common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0

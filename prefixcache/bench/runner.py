@@ -14,7 +14,7 @@ import os
 import platform
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -339,6 +339,3 @@ def load_runs(out_dir: Path) -> list[dict]:
     """Every per-run JSON under ``out_dir/runs`` (to re-make reports without rerunning)."""
     return [json.loads(p.read_text()) for p in sorted((out_dir / "runs").glob("*__*__*.json"))]
 
-
-def replace_config(cfg: wl.WorkloadConfig, **kw) -> wl.WorkloadConfig:
-    return replace(cfg, **{k: v for k, v in kw.items() if v is not None})
