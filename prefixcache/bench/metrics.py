@@ -214,6 +214,21 @@ class PeakRSS:
         return self.peak
 
 
+def first_errors(results: Iterable[RequestResult], n: int = 3, chars: int = 300) -> list[str]:
+    """The first ``n`` distinct error messages of a run, in result order, each cut to
+    ``chars`` characters and prefixed with the request id (``"id: message"``)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for r in results:
+        if r.error is None or r.error in seen:
+            continue
+        seen.add(r.error)
+        out.append(f"{r.id}: {r.error}"[:chars])
+        if len(out) == n:
+            break
+    return out
+
+
 # --------------------------------------------------------------------------- summary
 @dataclass
 class RunInfo:
@@ -273,6 +288,7 @@ def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, pea
         requests_per_s=len(ok) / wall_s if wall_s > 0 else None,
         wall_s=wall_s, peak_rss_mib=peak_rss / 2**20 if peak_rss else None,
     )
+    d["first_errors"] = first_errors(results)
     if d["ttft_cold_p50_s"] and d["ttft_warm_p50_s"]:
         d["ttft_cold_over_warm"] = d["ttft_cold_p50_s"] / d["ttft_warm_p50_s"]
     if info.workload == "multi-tenant" or len({r.tenant for r in ok}) > 1:

@@ -53,6 +53,7 @@ def test_modes_and_models_peers_cannot_use(tmp_path):
 def test_runner_skips_absent_peers_and_reports_why(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "resolve_model", lambda m: (str(tmp_path), tmp_path))
     monkeypatch.setattr(runner, "make_renderer", lambda m, d: _CharRenderer())
+    monkeypatch.setattr(runner, "model_limit", lambda m, d: 4096)
     monkeypatch.setattr(runner.wl, "build_workload", lambda name, cfg, measure=None: [
         BenchRequest(id="r", session="r", prompt="hello", max_tokens=2)])
     import prefixcache.bench.peers.base as base
@@ -65,6 +66,7 @@ def test_runner_skips_absent_peers_and_reports_why(tmp_path, monkeypatch):
     reasons = {(s.peer, s.mode): s.reason for s in result.skipped}
     assert set(reasons) == {("vllm", "serving"), ("llamacpp", "serving")}
     assert "make peers" in reasons[("vllm", "serving")]
+    assert result.failed == []  # absent is no failure
     assert any(line.startswith("skip vllm (serving): not installed") for line in logs)
 
 
@@ -78,6 +80,13 @@ def test_plan_runs_each_peer_in_the_modes_it_has():
     assert plan == [("transformers", "offline")]
     assert [s.peer for s in skipped] == ["vllm"] and "serving mode only" in skipped[0].reason
     assert logs == ["skip vllm: vllm: runs in serving mode only, not in offline mode"]
+    # --mode serving runs serving peers only: transformers has no server
+    skipped, logs = [], []
+    peers = ["prefixcache", "transformers", "vllm"]
+    plan = runner.plan_runs(peers, ["serving"], skipped, logs.append)
+    assert plan == [("prefixcache", "serving"), ("vllm", "serving")]
+    assert [(s.peer, s.failed) for s in skipped] == [("transformers", False)]
+    assert "offline mode only" in skipped[0].reason
 
 
 def _patched_init(orig, tmp_path):
@@ -154,7 +163,8 @@ def test_server_process_start_failure_shows_the_log(tmp_path):
     proc = ServerProcess([sys.executable, "-c", "import sys; print('boom: no model'); sys.exit(3)"], {},
                          tmp_path / "logs" / "x.log")
     proc.start()
-    with pytest.raises(PeerUnavailable, match=r"(?s)exited with code 3.*boom: no model"):
+    first_line = r"^server exited with code 3 during start-up: boom: no model \(log "
+    with pytest.raises(PeerUnavailable, match=first_line):
         proc.wait_ready("http://127.0.0.1:9/health", timeout_s=30)
     proc.stop()
     assert Path(tmp_path / "logs" / "x.log").read_text().startswith("$ ")
