@@ -11,6 +11,12 @@ Examples::
 
 Peers vllm and llamacpp are optional (`make peers` installs them); when absent they are
 skipped with a message.
+
+Every peer is started with the model's own context length and gets the same requests:
+prompts longer than it allows are capped or skipped (prefixcache/bench/fit.py), and the
+log, the JSON (`fit`) and the tables say how many. Exit status 1 when a requested peer
+failed to start or broke down, when a run had failed requests (their first errors are in
+the JSON, `first_errors`, and in the tables), or when no request of a workload fits.
 """
 from __future__ import annotations
 

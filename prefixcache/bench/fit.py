@@ -2,9 +2,11 @@
 
 The limit is the model's own context length, ``max_model_len`` (``max_position_embeddings``
 of its :class:`~prefixcache.model.config.ModelConfig`), whatever the workload. A request
-*fits* when its rendered prompt tokens plus its ``max_tokens`` are at most ``max_model_len``
-(what every engine admits). The bench renders each request once, fits the workload with
-the rule below, and sends the result to every peer.
+*fits* when its rendered prompt tokens, plus the special tokens a server adds when it
+tokenizes prompt text (``reserve``: a BOS on ``/v1/completions``, see
+:func:`special_tokens_added`), plus its ``max_tokens`` are at most ``max_model_len`` (what
+every engine admits). The bench renders each request once, fits the workload with the
+rule below, and sends the result to every peer.
 
 ============================== ============================================================
 request                        what happens when it does not fit
@@ -38,6 +40,7 @@ class FitReport:
 
     Attributes:
         max_model_len: the limit, tokens (prompt + output).
+        reserve: tokens kept free for special tokens a server adds to the prompt.
         built: requests the workload had before fitting.
         capped: requests kept with their system message shortened.
         skipped: requests dropped (with the later turns of their sessions).
@@ -45,6 +48,7 @@ class FitReport:
 
     max_model_len: int
     built: int
+    reserve: int = 0
     capped: int = 0
     skipped: int = 0
 
@@ -57,6 +61,10 @@ class FitReport:
             return f"all fit {self.max_model_len:,} tokens"
         return (f"{self.capped} capped (system prompt shortened), {self.skipped} skipped, "
                 f"of {self.built}, to fit the model's {self.max_model_len:,} tokens")
+
+
+def fits(req: BenchRequest, prompt: Prompt, max_model_len: int) -> bool:
+    return len(prompt.token_ids) + req.max_tokens <= max_model_len
 
 
 def model_max_len(model: str, model_dir: Path | None) -> int:
@@ -77,30 +85,44 @@ def model_max_len(model: str, model_dir: Path | None) -> int:
     return load_model(model, device="cpu", dtype="float32").config.max_position_embeddings
 
 
-def fits(req: BenchRequest, prompt: Prompt, max_model_len: int) -> bool:
-    return len(prompt.token_ids) + req.max_tokens <= max_model_len
+def special_tokens_added(tokenizer) -> int:
+    """How many tokens ``tokenizer`` adds to a text when asked for special tokens (a BOS:
+    what an OpenAI-compatible server does to a ``/v1/completions`` text prompt); 0 for
+    ``None``."""
+    if tokenizer is None:
+        return 0
+    with_special = tokenizer.encode("a", add_special_tokens=True)
+    return max(0, len(with_special) - len(tokenizer.encode("a", add_special_tokens=False)))
 
 
 def fit_workload(reqs: list[BenchRequest], prompts: dict[str, Prompt], renderer: Renderer,
-                 max_model_len: int) -> tuple[list[BenchRequest], dict[str, Prompt], FitReport]:
-    """``(requests kept, their prompts, report)`` under the module's rule; the input lists
-    are not modified (capped requests are copies).
+                 max_model_len: int, reserve: int = 0
+                 ) -> tuple[list[BenchRequest], dict[str, Prompt], FitReport]:
+    """``(requests kept, their prompts, report)`` under the module's rule, keeping
+    ``reserve`` tokens free in every request; the input lists are not modified (capped
+    requests are copies).
 
     Raises:
-        ValueError: ``max_model_len`` is below 2 (names the parameter).
+        ValueError: ``max_model_len`` is below 2, or ``reserve`` is negative (the message
+            names the parameter).
     """
     if max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
-    report = FitReport(max_model_len, len(reqs))
+    if reserve < 0:
+        raise ValueError(f"reserve must be >= 0, got {reserve}")
+    report = FitReport(max_model_len, len(reqs), reserve)
+    max_model_len -= reserve  # what the rendered prompt and the output may use
     new_reqs = {r.id: r for r in reqs}
     new_prompts = dict(prompts)
     groups: dict[tuple[str, str], list[BenchRequest]] = {}
     for r in reqs:
-        if _cappable(r) and not fits(r, prompts[r.id], max_model_len):
-            groups.setdefault((r.group, r.messages[0]["content"]), [])
+        key = _cap_key(r)
+        if key is not None and not fits(r, prompts[r.id], max_model_len):
+            groups.setdefault(key, [])
     for r in reqs:
-        if _cappable(r) and (r.group, r.messages[0]["content"]) in groups:
-            groups[(r.group, r.messages[0]["content"])].append(r)
+        key = _cap_key(r)
+        if key is not None and key in groups:
+            groups[key].append(r)
     for members in groups.values():
         capped = _cap_group(members, renderer, max_model_len)
         for r, p in capped:
@@ -118,12 +140,19 @@ def fit_workload(reqs: list[BenchRequest], prompts: dict[str, Prompt], renderer:
     return kept, {r.id: new_prompts[r.id] for r in kept}, report
 
 
-def _cappable(r: BenchRequest) -> bool:
-    return (r.turn == 0 and bool(r.messages) and r.messages[0].get("role") == "system"
-            and isinstance(r.messages[0].get("content"), str) and len(r.messages) == 2)
+def _cap_key(r: BenchRequest) -> tuple[str, str] | None:
+    """``(group, system text)`` of a request the rule caps (a single-turn system + user
+    chat request), else ``None``."""
+    m = r.messages
+    if r.turn != 0 or not m or len(m) != 2 or m[0].get("role") != "system":
+        return None
+    text = m[0].get("content")
+    return (r.group, text) if isinstance(text, str) else None
 
 
 def _with_system(r: BenchRequest, chars: int) -> BenchRequest:
+    """A copy of ``r`` whose system message keeps its first ``chars`` characters."""
+    assert r.messages is not None
     system = dict(r.messages[0], content=r.messages[0]["content"][:chars])
     return replace(r, messages=[system] + [dict(m) for m in r.messages[1:]],
                    extra={**r.extra, "capped_system_chars": chars})
@@ -145,7 +174,9 @@ def _cap_group(members: list[BenchRequest], renderer: Renderer,
     members = [r for r, (r2, p) in zip(members, at_zero) if fits(r2, p, max_model_len)]
     if not members:
         return []
-    lo, hi = 0, len(members[0].messages[0]["content"])  # lo fits, hi does not
+    key = _cap_key(members[0])
+    assert key is not None
+    lo, hi = 0, len(key[1])  # lo fits, hi does not
     best = [x for x in at_zero if fits(*x, max_model_len)]
     while hi - lo > 1:
         mid = (lo + hi) // 2

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from prefixcache.bench import workloads as wl
-from prefixcache.bench.fit import FitReport, fit_workload
+from prefixcache.bench.fit import FitReport, fit_workload, special_tokens_added
 from prefixcache.bench.fit import model_max_len as model_limit
 from prefixcache.bench.metrics import RunInfo, summarize
 from prefixcache.bench.peers import PEER_NAMES, PeerContext, PeerUnavailable, make_peer
@@ -189,9 +189,10 @@ def prepare(opts: BenchOptions, log: Callable[[str], None]) -> Prepared:
     log(f"building workloads: {', '.join(opts.workloads)}")
     built, rendered = build_all(opts.workloads, opts.workload_config, renderer)
     fits, not_run = {}, {}
+    reserve = special_tokens_added(getattr(renderer, "tokenizer", None))
     for name in list(built):
         reqs, prompts, fits[name] = fit_workload(built[name], rendered[name], renderer,
-                                                 max_model_len)
+                                                 max_model_len, reserve)
         n_prompt = sum(len(p.token_ids) for p in prompts.values())
         log(f"  {name}: {len(reqs)} requests, {len({r.session for r in reqs})} sessions, "
             f"{n_prompt} prompt tokens; {fits[name].describe()}")

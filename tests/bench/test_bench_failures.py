@@ -19,29 +19,38 @@ def test_readme_example_is_capped_to_the_builtin_models_context(tmp_path, capsys
     shared_data("prompts")
     out = tmp_path / "out.jsonl"
     # the default system prompts (6,000-9,000 characters, one token per byte) are longer
-    # than the model's context: every request is capped, none fails
+    # than the model's context: every request is capped, none fails, offline or served
+    # (where the server adds a BOS to the prompt text: one token is reserved for it)
     rc = cli.run(parse("--workload", "shared-prefix", "--model", "builtin:tiny",
-                       "--mode", "offline", "--peers", "prefixcache", "--no-progress", "--max-tokens", str(MAX_TOKENS),
-                       "--num-prefixes", "2", "--questions-per-prefix", "2",
+                       "--peers", "prefixcache", "--no-progress",
+                       "--max-tokens", str(MAX_TOKENS), "--num-prefixes", "2",
+                       "--questions-per-prefix", "2", "--kv-cache-gib", "0.1",
                        "--json", str(out), "--out", str(tmp_path / "o")))
     printed = capsys.readouterr().out
     assert rc == 0
-    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert row["fit"] == {"max_model_len": TINY_LEN, "built": 4, "capped": 4, "skipped": 0}
-    assert (row["requests"], row["errors"], row["first_errors"]) == (4, 0, [])
-    assert row["max_model_len"] == TINY_LEN
-    assert "| 4 (4 capped) |" in printed
+    rows = {r["mode"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"offline", "serving"}
+    for row in rows.values():
+        assert row["fit"] == {"max_model_len": TINY_LEN, "built": 4, "reserve": 1, "capped": 4,
+                              "skipped": 0}
+        assert (row["requests"], row["errors"], row["first_errors"]) == (4, 0, [])
+        assert row["max_model_len"] == TINY_LEN
+    assert printed.count("| 4 (4 capped) |") == 2
     runs = tmp_path / "o" / "runs"
     run = json.loads((runs / "shared-prefix__prefixcache__offline.json").read_text())
     lengths = [r["prompt_tokens"] for r in run["per_request"]]
     # each group's longest request ends within a character's bytes of the limit
-    assert all(n + MAX_TOKENS <= TINY_LEN for n in lengths)
-    assert max(lengths) + MAX_TOKENS >= TINY_LEN - 3
+    assert all(n + 1 + MAX_TOKENS <= TINY_LEN for n in lengths)
+    assert max(lengths) + 1 + MAX_TOKENS >= TINY_LEN - 3
+    served = json.loads((runs / "shared-prefix__prefixcache__serving.json").read_text())
+    assert sorted(r["prompt_tokens"] for r in served["per_request"]) == sorted(
+        n + 1 for n in lengths)  # the same requests, plus the server's BOS
     # the cut is the same for a whole group, so its warm request still hits the capped prefix
     warm = [r for r in run["per_request"] if r["warm_expected"]]
     assert len(warm) == 2
     assert all(r["cached_tokens"] % 16 == 0 and r["cached_tokens"] >= 3500 for r in warm)
-    assert "shared-prefix: 4 capped, 0 skipped, of 4" in (tmp_path / "o" / "RESULTS.md").read_text()
+    results = (tmp_path / "o" / "RESULTS.md").read_text()
+    assert "shared-prefix: 4 capped, 0 skipped, of 4" in results
 
 
 class ExitsAtStart(ServerPeer):

@@ -33,7 +33,8 @@ def test_shared_prefix_groups_are_capped_with_one_cut_each():
     prompts = render_all(reqs)
     # "system:" + 100 + ";user:" + 9 + ";" = 123 tokens + 4 out for the longest
     kept, kprompts, rep = fit.fit_workload(reqs, prompts, CharRenderer(), 80)
-    assert rep.to_dict() == {"max_model_len": 80, "built": 4, "capped": 2, "skipped": 0}
+    assert rep.to_dict() == {"max_model_len": 80, "built": 4, "reserve": 0, "capped": 2,
+                             "skipped": 0}
     assert [r.id for r in kept] == [r.id for r in reqs]  # same order, nothing dropped
     long = [r for r in kept if r.group == "long"]
     # one cut for the group: the longest member (9-char question) ends exactly at the limit
@@ -65,6 +66,9 @@ def test_sessions_lose_the_first_turn_that_does_not_fit_and_all_after_it():
     assert [r.id for r in kept] == ["s#0"] and rep.skipped == 3
     # exactly at the limit fits: prompt + max_tokens == max_model_len
     assert [r.id for r in fit.fit_workload(reqs, prompts, CharRenderer(), 22)[0]] == ["s#0", "p"]
+    # a reserve (the BOS a server adds) counts against the limit
+    kept, _, rep = fit.fit_workload(reqs, prompts, CharRenderer(), 22, reserve=1)
+    assert [r.id for r in kept] == ["s#0"] and (rep.reserve, rep.skipped) == (1, 3)
 
 
 def test_a_question_too_long_alone_is_skipped_and_the_next_request_becomes_cold():
@@ -86,6 +90,20 @@ def test_nothing_fits_and_bad_limits():
     assert "0 capped" in rep.describe() and "1 skipped" in rep.describe()
     with pytest.raises(ValueError, match="max_model_len"):
         fit.fit_workload(reqs, render_all(reqs), CharRenderer(), 1)
+    with pytest.raises(ValueError, match="reserve"):
+        fit.fit_workload(reqs, render_all(reqs), CharRenderer(), 10, reserve=-1)
+
+
+def test_the_reserve_is_what_the_tokenizer_adds_to_a_text():
+    from prefixcache.model.builtin import ByteTokenizer
+
+    class NoSpecials:
+        def encode(self, text, add_special_tokens=True):
+            return [ord(c) for c in text]
+
+    assert fit.special_tokens_added(ByteTokenizer()) == 1  # its BOS
+    assert fit.special_tokens_added(NoSpecials()) == 0
+    assert fit.special_tokens_added(None) == 0
 
 
 def test_the_limit_is_the_models_own(tmp_path):

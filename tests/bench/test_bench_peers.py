@@ -253,7 +253,8 @@ def test_a_peer_that_breaks_mid_run_is_failed_and_the_others_go_on(tmp_path, mon
     assert [(s["workload"], s["peer"], s["requests"]) for s in result.summaries] == [
         ("few-shot", "prefixcache", 2), ("few-shot", "prefixcache-nocache", 2),
         ("agent", "prefixcache-nocache", 2)]
-    assert all(s["fit"] == {"max_model_len": 12, "built": 3, "capped": 0, "skipped": 1}
+    assert all(s["fit"] == {"max_model_len": 12, "built": 3, "reserve": 0, "capped": 0,
+                            "skipped": 1}
                for s in result.summaries)
     assert [(s.peer, s.reason) for s in result.failed] == [
         ("prefixcache", "failed during agent: RuntimeError: step failed")]
