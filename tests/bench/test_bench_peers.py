@@ -275,3 +275,20 @@ def test_the_json_lines_file_is_closed_when_the_bench_is_interrupted(tmp_path, m
     assert files[0].closed and peer.stopped >= 1
     (row,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert (row["workload"], row["requests"]) == ("few-shot", 2)
+
+
+def test_a_workload_with_no_request_that_fits_is_not_run_and_fails_the_command(
+        tmp_path, monkeypatch, capsys):
+    from prefixcache.bench.cli import exit_status
+
+    peer = _FakeOffline("prefixcache")
+    opts, _ = _fake_bench(tmp_path, monkeypatch, {"prefixcache": peer})
+    monkeypatch.setattr(runner, "model_limit", lambda m, d: 5)  # prompts of 4, 10, 11 + 2 out
+    result = runner.run_bench(opts, log=lambda line: None)
+    assert result.summaries == [] and result.failed == []
+    assert result.not_run == {
+        "few-shot": "no request fits the model's 5-token context (all 3 skipped)",
+        "agent": "no request fits the model's 5-token context (all 3 skipped)"}
+    assert result.context["fit"]["agent"]["skipped"] == 3
+    assert exit_status(result) == 1
+    assert "prefixcache bench: workload agent: no request fits" in capsys.readouterr().err
