@@ -7,7 +7,11 @@ import pytest
 
 from prefixcache.bench import fit
 from prefixcache.bench.prompts import Prompt
-from prefixcache.bench.workloads import BenchRequest, conversation_requests, shared_prefix_requests
+from prefixcache.bench.workloads import (
+    BenchRequest,
+    conversation_requests,
+    shared_prefix_requests,
+)
 
 
 class CharRenderer:
@@ -75,7 +79,7 @@ def test_a_question_too_long_alone_is_skipped_and_the_next_request_becomes_cold(
     reqs = shared_prefix_requests([("g", "G" * 50)], ["q" * 60, "q" * 2, "q" * 3], 3, seed=0,
                                   max_tokens=1, shuffle=False)
     assert [r.warm_expected for r in reqs] == [False, True, True]
-    kept, prompts, rep = fit.fit_workload(reqs, render_all(reqs), CharRenderer(), 40)
+    kept, _, rep = fit.fit_workload(reqs, render_all(reqs), CharRenderer(), 40)
     assert [r.id for r in kept] == ["g/1", "g/2"]
     assert (rep.capped, rep.skipped) == (2, 1)
     assert [r.warm_expected for r in kept] == [False, True]
