@@ -56,7 +56,8 @@ class FitReport:
         return asdict(self)
 
     def describe(self) -> str:
-        """One line for the log, e.g. ``"3 capped, 1 skipped to fit 4,096 tokens"``."""
+        """One line for the log, e.g. ``"3 capped (system prompt shortened), 1 skipped, of
+        32, to fit the model's 4,096 tokens"``."""
         if not (self.capped or self.skipped):
             return f"all fit {self.max_model_len:,} tokens"
         return (f"{self.capped} capped (system prompt shortened), {self.skipped} skipped, "
@@ -161,8 +162,9 @@ def _with_system(r: BenchRequest, chars: int) -> BenchRequest:
 def _cap_group(members: list[BenchRequest], renderer: Renderer,
                max_model_len: int) -> list[tuple[BenchRequest, Prompt]]:
     """The group's requests with the longest common system-message opening at which all
-    of them fit (found by bisection on characters); those that do not fit even with an
-    empty system message are left out (the caller skips them)."""
+    of them fit (found by bisection on characters). Those that do not fit even with an
+    empty system message are left out (the caller skips them); when the others then fit
+    uncut, nothing is capped (``[]``)."""
     def rendered(chars: int) -> list[tuple[BenchRequest, Prompt]]:
         out = []
         for r in members:
@@ -177,6 +179,8 @@ def _cap_group(members: list[BenchRequest], renderer: Renderer,
     key = _cap_key(members[0])
     assert key is not None
     lo, hi = 0, len(key[1])  # lo fits, hi does not
+    if all(fits(r, p, max_model_len) for r, p in rendered(hi)):
+        return []
     best = [x for x in at_zero if fits(*x, max_model_len)]
     while hi - lo > 1:
         mid = (lo + hi) // 2

@@ -85,6 +85,10 @@ def test_a_question_too_long_alone_is_skipped_and_the_next_request_becomes_cold(
     assert [r.warm_expected for r in kept] == [False, True]
     assert reqs[1].warm_expected is True  # a copy was relabelled, not the input
     assert {r.messages[0]["content"] for r in kept} == {"G" * (40 - 1 - 14 - 3)}
+    # when the others fit uncut, only the one that cannot fit goes
+    kept, _, rep = fit.fit_workload(reqs, render_all(reqs), CharRenderer(), 70)
+    assert [r.id for r in kept] == ["g/1", "g/2"] and (rep.capped, rep.skipped) == (0, 1)
+    assert kept[1] is reqs[2] and kept[0].messages == reqs[1].messages
 
 
 def test_nothing_fits_and_bad_limits():
