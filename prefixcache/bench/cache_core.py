@@ -23,7 +23,8 @@ Two modes:
     several runs, in microseconds per prompt token, wall-clock and thread CPU time (the
     CPU figure is the one to trust on a shared machine).
 
-Output: a rich table, and ``--json PATH`` for the figures.
+Output: a rich table, and ``--json PATH`` for the figures. Progress bars (tqdm, on
+stderr) count the replays and the timed runs; ``--no-progress`` turns them off.
 """
 from __future__ import annotations
 
@@ -72,7 +73,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     p.add_argument("--markdown", type=Path, default=None,
                    help="also write the tables as Markdown here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
+
+
+def _bar(args, total: int, desc: str):
+    """A tqdm bar over ``total`` steps (disabled by ``--no-progress``)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", leave=False,
+                disable=getattr(args, "no_progress", False))
 
 
 # -- Mooncake replay ------------------------------------------------------------------------
@@ -170,7 +180,9 @@ def run_mooncake(args) -> dict[str, Any]:
         sizes = [int(x) for x in args.pool_pages.split(",") if x.strip()]
     ideal = ideal_hits(rows)
     total_pages = sum(len(r["hash_ids"]) for r in rows)
+    bar = _bar(args, len(sizes) + 1, f"mooncake replay, {len(rows):,} requests")
     infinite = replay(rows, total_pages + 1, args.concurrency)  # never evicts
+    bar.update(1)
     mismatch = sum(1 for a, b in zip(infinite["per_request_hit_blocks"], ideal) if a != b)
     results = []
     for n in sizes:
@@ -178,6 +190,8 @@ def run_mooncake(args) -> dict[str, Any]:
         res["vs_infinite"] = (res["block_hit_rate"] / infinite["block_hit_rate"]
                               if infinite["block_hit_rate"] else 0.0)
         results.append(res)
+        bar.update(1)
+    bar.close()
     for res in results + [infinite]:
         del res["per_request_hit_blocks"]
     infinite["vs_infinite"] = 1.0
@@ -225,6 +239,7 @@ def run_hash_speed(args) -> dict[str, Any]:
         mgr.free(pt)
 
     figures: dict[str, Any] = {}
+    bar = _bar(args, 2 * (runs + 1), f"hash speed, {n:,} tokens")
     for warm in (False, True):
         label = "warm" if warm else "cold"
         mt, ct = [], []
@@ -242,6 +257,7 @@ def run_hash_speed(args) -> dict[str, Any]:
             if warm:
                 cycle()
             ct.append(_timed(cycle))
+            bar.update(1)
         for name, samples in (("hash_match", mt[1:]), ("full_cycle", ct[1:])):
             wall = statistics.median(s[0] for s in samples)
             cpu = statistics.median(s[1] for s in samples)
@@ -250,6 +266,7 @@ def run_hash_speed(args) -> dict[str, Any]:
                 "wall_us_per_token": wall * 1e6 / n, "cpu_us_per_token": cpu * 1e6 / n,
                 "cpu_us_per_page": cpu * 1e6 / pages, "runs": runs,
             }
+    bar.close()
     return {"prompt_tokens": n, "block_size": bs, "pages": pages,
             "target_us_per_token": SPEED_TARGET_US_PER_TOKEN, "figures": figures}
 

@@ -11,6 +11,12 @@ Examples::
 
 Peers vllm and llamacpp are optional (`make peers` installs them); when absent they are
 skipped with a message.
+
+Every peer is started with the model's own context length and gets the same requests:
+prompts longer than it allows are capped or skipped (prefixcache/bench/fit.py), and the
+log, the JSON (`fit`) and the tables say how many. Exit status 1 when a requested peer
+failed to start or broke down, when a run had failed requests (their first errors are in
+the JSON, `first_errors`, and in the tables), or when no request of a workload fits.
 """
 from __future__ import annotations
 
@@ -162,10 +168,13 @@ def run(args) -> int:
         print("prefixcache bench: no peer ran", file=sys.stderr)
         for s in result.skipped:
             print(f"  {s.peer} ({s.mode}): {s.reason}", file=sys.stderr)
+        for name, why in result.not_run.items():
+            print(f"  workload {name}: {why}", file=sys.stderr)
         return 1
     print()
-    print(report.markdown_table(result.summaries))
-    print(report.goals_table(report.goals(result.summaries)))
+    print(report.markdown_table(result.summaries, result.failed))
+    print(report.errors_table(result.summaries))
+    print(report.goals_table(report.goals(result.summaries, result.failed)))
     if args.out:
         # the report covers every run under OUT/runs, so peers run separately accumulate
         (args.out / "runs").mkdir(parents=True, exist_ok=True)
@@ -177,6 +186,21 @@ def run(args) -> int:
     if args.json:
         print(f"wrote {args.json}")
     for s in result.skipped:
-        print(f"skipped {s.peer} ({s.mode}): {s.reason.splitlines()[0]}")
-    return 0
+        what = "FAILED" if s.failed else "skipped"
+        print(f"{what} {s.peer} ({s.mode}): {s.reason.splitlines()[0]}")
+    return exit_status(result)
 
+
+def exit_status(result) -> int:
+    """0 when every requested peer ran every workload without a failed request; else 1,
+    with the reasons on stderr. A fitted workload's requests all fit the model, so no
+    request error is expected; an absent peer (not installed, no such mode) is no
+    failure."""
+    problems = [f"{s.peer} ({s.mode}) {s.reason.splitlines()[0]}" for s in result.failed]
+    problems += [f"{s['workload']} on {s['peer']} ({s['mode']}): {s['errors']} of "
+                 f"{s['requests']} requests failed, first: {(s.get('first_errors') or ['?'])[0]}"
+                 for s in result.summaries if s.get("errors")]
+    problems += [f"workload {name}: {why}" for name, why in result.not_run.items()]
+    for p in problems:
+        print(f"prefixcache bench: {p}", file=sys.stderr)
+    return 1 if problems else 0

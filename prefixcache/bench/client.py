@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from prefixcache.bench.metrics import RequestResult
 from prefixcache.bench.prompts import Prompt
@@ -179,16 +180,14 @@ async def get_text(url: str, timeout: float = 10.0) -> str | None:
 
 
 def parse_prometheus(text: str | None) -> dict[str, float]:
-    """``{metric name: value}`` summed over label sets, for counters and gauges."""
+    """``{sample name: value}`` of a Prometheus text exposition, summed over label sets
+    (``prometheus_client``'s parser). ``{}`` for no text, or text that is not valid
+    exposition format (the run then records the counters it needs as unknown)."""
     out: dict[str, float] = {}
-    for line in (text or "").splitlines():
-        if not line or line.startswith("#"):
-            continue
-        try:
-            name_labels, value = line.rsplit(None, 1)
-            v = float(value)
-        except ValueError:
-            continue
-        name = name_labels.split("{", 1)[0].strip()
-        out[name] = out.get(name, 0.0) + v
+    try:
+        for family in text_string_to_metric_families(text or ""):
+            for sample in family.samples:
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    except ValueError:
+        return {}
     return out

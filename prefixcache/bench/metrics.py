@@ -19,11 +19,12 @@ offline peers, the HTTP client for serving peers):
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
+
+import numpy as np
 
 
 @dataclass
@@ -64,20 +65,18 @@ class RequestResult:
         return d
 
 
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) with linear interpolation between closest ranks
-    (numpy's default); ``None`` for no values."""
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def mean(values: Iterable[float]) -> float | None:
+def percentile(values: Iterable[float | None], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) of the values that are not ``None``, with linear
+    interpolation between closest ranks (``numpy.percentile``'s default); ``None`` for no
+    values."""
     xs = [v for v in values if v is not None]
-    return sum(xs) / len(xs) if xs else None
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not ``None``; ``None`` for no values."""
+    xs = [v for v in values if v is not None]
+    return float(np.mean(xs)) if xs else None
 
 
 def hit_rate(results: Iterable[RequestResult]) -> float | None:
@@ -207,6 +206,21 @@ class PeakRSS:
         return self.peak
 
 
+def first_errors(results: Iterable[RequestResult], n: int = 3, chars: int = 300) -> list[str]:
+    """The first ``n`` distinct error messages of a run, in result order, each cut to
+    ``chars`` characters and prefixed with the request id (``"id: message"``)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for r in results:
+        if r.error is None or r.error in seen:
+            continue
+        seen.add(r.error)
+        out.append(f"{r.id}: {r.error}"[:chars])
+        if len(out) == n:
+            break
+    return out
+
+
 # --------------------------------------------------------------------------- summary
 @dataclass
 class RunInfo:
@@ -266,6 +280,7 @@ def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, pea
         requests_per_s=len(ok) / wall_s if wall_s > 0 else None,
         wall_s=wall_s, peak_rss_mib=peak_rss / 2**20 if peak_rss else None,
     )
+    d["first_errors"] = first_errors(results)
     if d["ttft_cold_p50_s"] and d["ttft_warm_p50_s"]:
         d["ttft_cold_over_warm"] = d["ttft_cold_p50_s"] / d["ttft_warm_p50_s"]
     if info.workload == "multi-tenant" or len({r.tenant for r in ok}) > 1:

@@ -55,8 +55,6 @@ class TokenizerRenderer:
         return Prompt(text, self.tokenizer.encode(text, add_special_tokens=False))
 
 
-def render_all(renderer: Renderer, reqs: list[BenchRequest]) -> dict[str, Prompt]:
-    return {r.id: renderer.render(r) for r in reqs}
 
 
 def label_warm_by_overlap(reqs: list[BenchRequest], prompts: dict[str, Prompt], threshold: float = 0.5) -> None:

@@ -8,7 +8,9 @@ ttft_p99_s, ttft_mean_s, ttft_cold_p50_s, ttft_warm_p50_s, cold_requests, warm_r
 warm_hit_rate, tpot_p50_s, tpot_mean_s, e2e_p50_s, effective_prefill_tok_s, output_tok_s,
 requests_per_s, wall_s, peak_rss_mib`` and, where they apply, ``ttft_cold_over_warm``,
 ``cross_tenant_hits`` / ``cross_tenant_tokens`` (multi-tenant), ``reference_hit_rate``
-(agent: DeepSeek), ``cache_stats``, ``per_request``.
+(agent: DeepSeek), ``cache_stats``, ``per_request``; ``first_errors`` (up to 3 distinct
+error messages, ``"request id: message"``) and ``fit`` (``max_model_len, built, capped,
+skipped``: what fitting the workload to the model did, see :mod:`prefixcache.bench.fit`).
 """
 from __future__ import annotations
 
@@ -40,7 +42,10 @@ def label(s: dict) -> str:
 
 
 # --------------------------------------------------------------------------- table
-def markdown_table(summaries: list[dict]) -> str:
+def markdown_table(summaries: list[dict], failed=()) -> str:
+    """One row per run, then one per failed peer (``failed``: see :func:`failures`) with
+    its error; a run with failed requests shows their count in the ``reqs`` column and
+    its first errors in :func:`errors_table`."""
     head = ("| workload | peer (mode) | C | reqs | hit rate | prefill computed / prompt | TTFT p50 / p90 / p99 (ms) "
             "| TTFT cold / warm p50 (ms) | TPOT p50 (ms) | eff. prefill tok/s | out tok/s | req/s | peak RSS (MiB) "
             "| cross-tenant hits |")
@@ -50,7 +55,8 @@ def markdown_table(summaries: list[dict]) -> str:
                     else f"{s['prefill_tokens_computed']:,} / {s['prompt_tokens']:,}")
         rows.append(
             f"| {s['workload']} | {label(s)} | {s['concurrency']} | {s['requests']}"
-            f"{' (' + str(s['errors']) + ' err)' if s.get('errors') else ''} | {_pct(s.get('hit_rate'))}"
+            f"{' (' + str(s['errors']) + ' err)' if s.get('errors') else ''}{_fitted(s)} "
+            f"| {_pct(s.get('hit_rate'))}"
             f"{' (log)' if s.get('cached_tokens_source') == 'server log' else ''} | {computed} "
             f"| {_f(s.get('ttft_p50_s'), '.0f', 1e3)} / {_f(s.get('ttft_p90_s'), '.0f', 1e3)} / "
             f"{_f(s.get('ttft_p99_s'), '.0f', 1e3)} "
@@ -58,6 +64,35 @@ def markdown_table(summaries: list[dict]) -> str:
             f"| {_f(s.get('tpot_p50_s'), '.1f', 1e3)} | {_f(s.get('effective_prefill_tok_s'), ',.0f')} "
             f"| {_f(s.get('output_tok_s'), '.1f')} | {_f(s.get('requests_per_s'), '.2f')} "
             f"| {_f(s.get('peak_rss_mib'), ',.0f')} | {s.get('cross_tenant_hits', '') if s.get('cross_tenant_hits', '') is not None else '–'} |")
+    ncols = head.count("|") - 1
+    for f in failures(failed):
+        reason = _cell(f["reason"])
+        rows.append(f"| – | {f['peer']} ({f['mode']}) | **{reason}** |" + " – |" * (ncols - 3))
+    return "\n".join(rows) + "\n"
+
+
+def _fitted(s: dict) -> str:
+    """`` (2 capped, 1 skipped)`` when fitting the workload to the model changed it."""
+    f = s.get("fit") or {}
+    parts = [f"{f[k]} {k}" for k in ("capped", "skipped") if f.get(k)]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _cell(text: str, chars: int = 300) -> str:
+    """``text``'s first line, cut, safe inside a Markdown table cell."""
+    first = (text.splitlines() or [""])[0]
+    return first[:chars].replace("|", "\\|")
+
+
+def errors_table(summaries: list[dict]) -> str:
+    """Runs with failed requests: how many, and their first error messages (``""`` when
+    no run has any)."""
+    bad = [s for s in sorted(summaries, key=_key) if s.get("errors")]
+    if not bad:
+        return ""
+    rows = ["| workload | peer (mode) | failed requests | first errors |", "|---|---|---|---|"]
+    rows += [f"| {s['workload']} | {label(s)} | {s['errors']} of {s['requests']} | "
+             + "<br>".join(_cell(e) for e in s.get("first_errors") or []) + " |" for s in bad]
     return "\n".join(rows) + "\n"
 
 
@@ -67,7 +102,7 @@ class Goal:
     name: str
     target: str
     figure: str
-    status: str  # "met" | "missed" | "not measured"
+    status: str  # "met" | "missed" | "not measured" | "failed to start" | "failed during ..."
 
 
 def _find(summaries, workload, peer, modes=("offline", "serving")):
@@ -83,7 +118,37 @@ def _serving_peer(summaries, workload, peer):
     return _find(summaries, workload, peer, ("serving", "offline") if peer == "transformers" else ("serving",))
 
 
-def goals(summaries: list[dict]) -> list[Goal]:
+def failures(failed=()) -> list[dict]:
+    """``failed`` (runner ``Skip`` objects with ``failed=True``, or their dicts, as saved
+    in ``runs/context.json``) as ``[{"peer", "mode", "reason"}]``."""
+    rows = [f if isinstance(f, dict) else vars(f) for f in failed]
+    return [{"peer": f["peer"], "mode": f["mode"], "reason": f["reason"]} for f in rows
+            if f.get("failed", True)]
+
+
+def _failure(failed: list[dict], peer: str, modes=("offline", "serving")) -> dict | None:
+    return next((f for f in failed if f["peer"] == peer and f["mode"] in modes), None)
+
+
+def _absent(name: str, target: str, failed: list[dict], who: list[tuple[str, tuple, str]],
+            fallback: str) -> Goal:
+    """The goal a missing run leaves: ``failed to start`` (or ``failed during ...``) with
+    the error when one of ``who`` (peer, modes, display name) failed, else ``not
+    measured`` with ``fallback``."""
+    for peer, modes, shown in who:
+        f = _failure(failed, peer, modes)
+        if f:
+            status, _, err = f["reason"].partition(": ")
+            return Goal(name, target, f"{shown} {status}: {err.splitlines()[0] if err else ''}",
+                        status)
+    return Goal(name, target, fallback, "not measured")
+
+
+def goals(summaries: list[dict], failed=()) -> list[Goal]:
+    """The project's goals from the runs; ``failed``: see :func:`failures` (a goal whose
+    peer failed reads ``failed to start``, with the error, never ``not measured``)."""
+    failed = failures(failed)
+    ours_any = [("prefixcache", ("offline", "serving"), "prefixcache")]
     out: list[Goal] = []
     # 1. warm vs cold TTFT at a high hit rate
     s = _find(summaries, "shared-prefix", "prefixcache")
@@ -101,7 +166,8 @@ def goals(summaries: list[dict]) -> list[Goal]:
                         f"{s['ttft_warm_p50_s'] * 1e3:.0f} ms at {h:.1%} warm hit rate, ideal compute ratio "
                         f"{ideal:.0f}×{extra})", "met" if r >= 20 else "missed"))
     else:
-        out.append(Goal("TTFT speedup, warm over cold (shared-prefix)", "≥ 20×", "not run", "not measured"))
+        out.append(_absent("TTFT speedup, warm over cold (shared-prefix)", "≥ 20×", failed,
+                           ours_any, "not run"))
     # 2. agent hit rate against DeepSeek
     s = _find(summaries, "agent", "prefixcache")
     if s and s.get("hit_rate_on_reference_calls") is not None and s.get("reference_hit_rate") is not None:
@@ -111,7 +177,8 @@ def goals(summaries: list[dict]) -> list[Goal]:
                         f"over the {s['reference_calls']} DeepSeek calls ({label(s)}; all {s['requests']} "
                         f"agent calls: {_pct(s['hit_rate'])})", "met" if ok else "missed"))
     else:
-        out.append(Goal("Agent-loop hit rate vs DeepSeek", "≥ DeepSeek", "not run", "not measured"))
+        out.append(_absent("Agent-loop hit rate vs DeepSeek", "≥ DeepSeek", failed, ours_any,
+                           "not run"))
     # 3. tenant isolation
     mt = [x for x in summaries if x["workload"] == "multi-tenant" and x["peer"] == "prefixcache"]
     if mt and all(x.get("cross_tenant_hits") is not None for x in mt):
@@ -120,8 +187,9 @@ def goals(summaries: list[dict]) -> list[Goal]:
                         ", ".join(f"{label(x)}: {x['cross_tenant_hits']} of {x['requests']} requests "
                                   f"(hit rate {_pct(x['hit_rate'])})" for x in mt), "met" if n == 0 else "missed"))
     else:
-        out.append(Goal("Cross-tenant hits (multi-tenant)", "0", "not run", "not measured"))
+        out.append(_absent("Cross-tenant hits (multi-tenant)", "0", failed, ours_any, "not run"))
     # 4. serving comparisons
+    ours_serving = ("prefixcache", ("serving",), "prefixcache")
     for wname in ("shared-prefix", "multi-turn"):
         ours = _find(summaries, wname, "prefixcache", ("serving",))
         v = _serving_peer(summaries, wname, "vllm")
@@ -131,8 +199,9 @@ def goals(summaries: list[dict]) -> list[Goal]:
                             f"({_speed(v['ttft_p50_s'] / ours['ttft_p50_s'])})" if ours["ttft_p50_s"] else "–",
                             "met" if ours["ttft_p50_s"] <= v["ttft_p50_s"] else "missed"))
         else:
-            out.append(Goal(f"{wname} serving: TTFT p50 vs vLLM-CPU", "≤ vLLM",
-                            "not run" if not ours else "vLLM not run", "not measured"))
+            out.append(_absent(f"{wname} serving: TTFT p50 vs vLLM-CPU", "≤ vLLM", failed,
+                               [ours_serving] if not ours else [("vllm", ("serving",), "vLLM-CPU")],
+                               "not run" if not ours else "vLLM not run"))
         for peer, need, name in (("vllm", 1.0, "vLLM-CPU"), ("llamacpp", 5.0, "llama-cpp-python server"),
                                  ("transformers", 10.0, "transformers")):
             p = _serving_peer(summaries, wname, peer)
@@ -143,8 +212,10 @@ def goals(summaries: list[dict]) -> list[Goal]:
                                 f"{ours['output_tok_s']:.1f} vs {p['output_tok_s']:.1f} out tok/s)",
                                 "met" if r >= need else "missed"))
             else:
-                out.append(Goal(f"{wname} serving: throughput vs {name}", f"≥ {need:g}×",
-                                "not run" if not ours else f"{name} not run", "not measured"))
+                modes = ("offline",) if peer == "transformers" else ("serving",)
+                out.append(_absent(f"{wname} serving: throughput vs {name}", f"≥ {need:g}×", failed,
+                                   [ours_serving] if not ours else [(peer, modes, name)],
+                                   "not run" if not ours else f"{name} not run"))
     return out
 
 
@@ -297,12 +368,14 @@ def write_reports(summaries: list[dict], out_dir: Path, *, skipped=(), context: 
     with open(out_dir / "results.jsonl", "w") as f:
         for s in sorted(summaries, key=_key):
             f.write(json.dumps({k: v for k, v in s.items() if k != "per_request"}) + "\n")
-    table = markdown_table(summaries)
+    failed = failures(skipped) or failures((context or {}).get("failed") or [])
+    table = markdown_table(summaries, failed) + errors_table(summaries)
     (out_dir / "results.md").write_text(table)
     plots = plot_ttft_cold_warm(summaries, plots_dir) + plot_hit_rate_per_turn(summaries, plots_dir)
-    gs = goals(summaries)
+    gs = goals(summaries, failed)
     (out_dir / "RESULTS.md").write_text(results_md(summaries, gs, plots, out_dir, skipped=skipped,
-                                                   context=context or {}, command=command))
+                                                   context=context or {}, command=command,
+                                                   failed=failed))
     return {"results.jsonl": out_dir / "results.jsonl", "results.md": out_dir / "results.md",
             "RESULTS.md": out_dir / "RESULTS.md", **{p.name: p for p in plots}}
 
@@ -320,7 +393,7 @@ def _concurrency(summaries, mode: str, default) -> str:
 
 
 def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, skipped=(), context: dict,
-               command: str | None) -> str:
+               command: str | None, failed=()) -> str:
     ctx = context
     first = summaries[0] if summaries else {}
     loads = [x for s in summaries for x in (s.get("load_average_1m") or [])]
@@ -359,14 +432,27 @@ def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, s
             lines.append(f"- {name}: " + ", ".join(f"{k}={v}" for k, v in short.items())
                          + (f"; measured {min(when)} to {max(when)}" if when else ""))
         lines.append("")
-    if skipped:
-        lines += ["Skipped:", ""] + [f"- {s.peer} ({s.mode}): {s.reason.splitlines()[0]}" for s in skipped] + [""]
+    absent = [s for s in skipped if not getattr(s, "failed", False)]
+    if absent:
+        lines += ["Skipped:", ""] + [f"- {s.peer} ({s.mode}): {s.reason.splitlines()[0]}"
+                                     for s in absent] + [""]
+    if failed:
+        lines += ["**Failed:**", ""] + [f"- {f['peer']} ({f['mode']}): {_cell(f['reason'])}"
+                                        for f in failures(failed)] + [""]
+    fit = ctx.get("fit") or {}
+    cut = {w: f for w, f in fit.items() if f.get("capped") or f.get("skipped")}
+    if cut:
+        limit = next(iter(cut.values()))["max_model_len"]
+        lines += [f"Fitted to the model's {limit:,}-token context (every peer got the same "
+                  "requests; see `prefixcache/bench/fit.py`):", ""]
+        lines += [f"- {w}: {f['capped']} capped, {f['skipped']} skipped, of {f['built']}"
+                  for w, f in cut.items()] + [""]
     lines += ["## Goals", "", goals_table(gs),
               "## Ours against each peer", "",
               "Our engine with prefix caching (serving, concurrency as above) against each peer on the same "
               "requests: the peer's TTFT p50 over ours, and our requests/s over the peer's (above 1×: ours is "
               "better). transformers runs serially in process.", "", ratios_table(summaries),
-              "## All runs", "", markdown_table(summaries),
+              "## All runs", "", markdown_table(summaries, failed), errors_table(summaries),
               "TTFT cold/warm: requests whose prefix nobody sent before them vs requests whose prefix an earlier "
               "request of the same tenant carried. Prefill computed: the engine's own counter where it has one "
               "(ours, vLLM: prompt − prefix-cache hits; llama.cpp: prompt − prefix-match tokens in its log, whose "

@@ -1,11 +1,13 @@
 """Run workloads against peers and collect one summary per (workload, peer, mode).
 
-Order: build and render every workload first (so servers get a context length that fits
-all of them); then the offline peers, loaded side by side, workload by workload; then
-each serving peer in turn: start it once, run every workload with a fresh salt, stop
-it. Every run starts from a cold cache (a fresh engine offline, a fresh ``cache_salt``
-when serving). A peer that is absent or fails to start is skipped with its reason; the
-run goes on.
+Order: read the model's context length, build, render and fit every workload to it
+(:mod:`prefixcache.bench.fit`: every peer gets the same requests, and every peer is
+started with the model's own ``max_model_len``); then the offline peers, loaded side by
+side, workload by workload; then each serving peer in turn: start it once, run every
+workload with a fresh salt, stop it. Every run starts from a cold cache (a fresh engine
+offline, a fresh ``cache_salt`` when serving). A peer that is absent here is skipped with
+its reason; one that fails to start or breaks down mid-run is recorded as *failed* with
+its error (the tables show it, the command exits non-zero); the run goes on.
 """
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ import os
 import platform
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from prefixcache.bench import workloads as wl
+from prefixcache.bench.fit import FitReport, fit_workload, special_tokens_added
+from prefixcache.bench.fit import model_max_len as model_limit
 from prefixcache.bench.metrics import RunInfo, summarize
 from prefixcache.bench.peers import PEER_NAMES, PeerContext, PeerUnavailable, make_peer
 from prefixcache.bench.prompts import Prompt, TokenizerRenderer, label_warm_by_overlap
@@ -57,9 +61,14 @@ class BenchOptions:
 
 @dataclass
 class Skip:
+    """A peer that did not run. ``failed``: it was asked for and could run here, but
+    failed to start or stopped mid-run (the bench then exits non-zero); otherwise it is
+    absent or lacks the mode (not installed, no server), which is no failure."""
+
     peer: str
     mode: str
     reason: str
+    failed: bool = False
 
 
 @dataclass
@@ -69,6 +78,12 @@ class BenchResult:
     workloads: dict[str, list[wl.BenchRequest]]
     prompts: dict[str, dict[str, Prompt]]
     context: dict
+    # workloads with no request that fits the model: name -> why
+    not_run: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[Skip]:
+        return [s for s in self.skipped if s.failed]
 
 
 def machine_description() -> str:
@@ -153,115 +168,183 @@ def concurrency_for(workload: str, reqs: list[wl.BenchRequest], concurrency: int
     return len(reqs) if workload == "cold-burst" else concurrency
 
 
-def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchResult:
+@dataclass
+class Prepared:
+    """The fitted workloads and the context every peer of the run shares."""
+
+    ctx: PeerContext
+    built: dict[str, list[wl.BenchRequest]]
+    rendered: dict[str, dict[str, Prompt]]
+    fits: dict[str, FitReport]
+    not_run: dict[str, str]
+    machine: str
+
+
+def prepare(opts: BenchOptions, log: Callable[[str], None]) -> Prepared:
+    """Resolve the model, build, render and fit every workload to the model's context."""
     model, model_dir = resolve_model(opts.model)
     renderer = make_renderer(model, model_dir)
-    cfg = opts.workload_config
+    max_model_len = model_limit(model, model_dir)
     log(f"building workloads: {', '.join(opts.workloads)}")
-    built, rendered = build_all(opts.workloads, cfg, renderer)
-    longest = max(len(p.token_ids) + r.max_tokens for name in built for r in built[name]
-                  for p in [rendered[name][r.id]])
-    max_model_len = -(-(longest + 64) // 1024) * 1024
+    built, rendered = build_all(opts.workloads, opts.workload_config, renderer)
+    fits, not_run = {}, {}
+    reserve = special_tokens_added(getattr(renderer, "tokenizer", None))
+    for name in list(built):
+        reqs, prompts, fits[name] = fit_workload(built[name], rendered[name], renderer,
+                                                 max_model_len, reserve)
+        n_prompt = sum(len(p.token_ids) for p in prompts.values())
+        log(f"  {name}: {len(reqs)} requests, {len({r.session for r in reqs})} sessions, "
+            f"{n_prompt} prompt tokens; {fits[name].describe()}")
+        if not reqs:
+            not_run[name] = (f"no request fits the model's {max_model_len:,}-token context "
+                             f"(all {fits[name].built} skipped)")
+            del built[name], rendered[name]
+            continue
+        built[name], rendered[name] = reqs, prompts
     tenants = sorted({r.tenant for reqs in built.values() for r in reqs if r.tenant})
     tok = getattr(renderer, "tokenizer", None)
     eos = min(tok.eos_token_ids, default=None) if model_dir and tok is not None else None
     work_dir = opts.work_dir or ((opts.out_dir / "_scratch") if opts.out_dir
                                  else Path.home() / ".cache" / "prefixcache" / "bench-scratch")
     ctx = PeerContext(model=model, model_dir=model_dir, dtype=opts.dtype, threads=opts.threads,
-                      block_size=opts.block_size, max_model_len=max_model_len, kv_cache_gib=opts.kv_cache_gib,
-                      api=opts.api, work_dir=work_dir, tenants=tuple(tenants), eos_token_id=eos)
-    machine = machine_description()
-    for name, reqs in built.items():
-        n_prompt = sum(len(rendered[name][r.id].token_ids) for r in reqs)
-        log(f"  {name}: {len(reqs)} requests, {len({r.session for r in reqs})} sessions, {n_prompt} prompt tokens")
-    summaries, skipped = [], []
-    jsonl = _open_jsonl(opts)
+                      block_size=opts.block_size, max_model_len=max_model_len,
+                      kv_cache_gib=opts.kv_cache_gib, api=opts.api, work_dir=work_dir,
+                      tenants=tuple(tenants), eos_token_id=eos)
+    return Prepared(ctx, built, rendered, fits, not_run, machine_description())
 
-    def record(summary: dict) -> None:
-        summaries.append(summary)
-        if jsonl:
-            jsonl.write(json.dumps(_without_requests(summary)) + "\n")
-            jsonl.flush()
-        _save_run(opts, summary)
-        log(_one_line(summary))
 
-    def start(name: str, mode: str):
-        peer = make_peer(name, mode)
-        try:
-            peer.check(ctx)
-            log(f"starting {peer.label} ...")
-            t = time.perf_counter()
-            peer.start(ctx)
-            log(f"  {peer.label} ready in {time.perf_counter() - t:.1f} s")
-            return peer
-        except PeerUnavailable as exc:
-            skipped.append(Skip(name, peer.mode, str(exc)))
-            log(f"skip {peer.label}: {exc}")
-            peer.stop()
-            return None
+class Recorder:
+    """Collects summaries and skips; writes each summary to the JSON Lines file (closed
+    on leaving the ``with`` block, whatever happens) and to ``OUT/runs``."""
 
-    def run(peer, wname: str) -> bool:
-        conc = concurrency_for(wname, built[wname], opts.concurrency if peer.mode == "serving"
-                               else opts.offline_concurrency)
-        try:
-            record(run_one(peer, ctx, wname, built[wname], rendered[wname], conc, opts, machine))
-            return True
-        except PeerUnavailable as exc:
-            skipped.append(Skip(peer.name, peer.mode, str(exc)))
-            log(f"skip {peer.label}: {exc}")
-            return False
+    def __init__(self, opts: BenchOptions, log: Callable[[str], None]):
+        self.opts, self.log = opts, log
+        self.summaries: list[dict] = []
+        self.skipped: list[Skip] = []
+        self.jsonl = None
 
-    plan = plan_runs(opts.peers, opts.modes, skipped, log)
-    # Offline peers are cheap to keep loaded side by side: run them workload by workload
-    # (A, B, C on one workload, then the next), so a slow spell on the machine hits all
-    # of them alike. Servers run one after another (each holds its cores while up).
-    offline = [p for p in (start(n, m) for n, m in plan if m == "offline") if p is not None]
+    def __enter__(self) -> "Recorder":
+        self.jsonl = _open_jsonl(self.opts)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.jsonl:
+            self.jsonl.close()
+            self.jsonl = None
+
+    def record(self, summary: dict) -> None:
+        self.summaries.append(summary)
+        if self.jsonl:
+            self.jsonl.write(json.dumps(_without_requests(summary)) + "\n")
+            self.jsonl.flush()
+        _save_run(self.opts, summary)
+        self.log(_one_line(summary))
+
+    def skip(self, peer: str, mode: str, reason: str, *, failed: bool) -> None:
+        self.skipped.append(Skip(peer, mode, reason, failed))
+        self.log(f"{'FAILED' if failed else 'skip'} {peer} ({mode}): {reason}")
+
+
+def start_peer(name: str, mode: str, prep: Prepared, rec: Recorder):
+    """The started peer, or ``None``: absent here (skipped), or failed to start."""
+    peer = make_peer(name, mode)
     try:
-        for wname in built:
-            for peer in list(offline):
-                if not run(peer, wname):
-                    offline.remove(peer)
+        peer.check(prep.ctx)
+    except PeerUnavailable as exc:
+        rec.skip(name, peer.mode, str(exc), failed=False)
+        return None
+    rec.log(f"starting {peer.label} ...")
+    t = time.perf_counter()
+    try:
+        peer.start(prep.ctx)
+    except Exception as exc:  # noqa: BLE001 - reported in the tables and the exit code
+        peer.stop()
+        rec.skip(name, peer.mode, f"failed to start: {_error_text(exc)}", failed=True)
+        return None
+    rec.log(f"  {peer.label} ready in {time.perf_counter() - t:.1f} s")
+    return peer
+
+
+def run_on(peer, wname: str, prep: Prepared, opts: BenchOptions, rec: Recorder) -> bool:
+    """Run workload ``wname`` on a started peer; ``False`` when the peer broke down."""
+    conc = concurrency_for(wname, prep.built[wname], opts.concurrency if peer.mode == "serving"
+                           else opts.offline_concurrency)
+    try:
+        summary = run_one(peer, prep.ctx, wname, prep.built[wname], prep.rendered[wname], conc,
+                          opts, prep.machine)
+    except Exception as exc:  # noqa: BLE001 - reported in the tables and the exit code
+        rec.skip(peer.name, peer.mode, f"failed during {wname}: {_error_text(exc)}", failed=True)
+        return False
+    summary["fit"] = prep.fits[wname].to_dict()
+    rec.record(summary)
+    return True
+
+
+def run_offline(plan: list[tuple[str, str]], prep: Prepared, opts: BenchOptions,
+                rec: Recorder) -> None:
+    """Offline peers are cheap to keep loaded side by side: run them workload by workload
+    (A, B, C on one workload, then the next), so a slow spell on the machine hits all of
+    them alike."""
+    peers = [p for p in (start_peer(n, m, prep, rec) for n, m in plan if m == "offline") if p]
+    try:
+        for wname in prep.built:
+            for peer in list(peers):
+                if not run_on(peer, wname, prep, opts, rec):
+                    peers.remove(peer)
                     peer.stop()
     finally:
-        for peer in offline:
+        for peer in peers:
             peer.stop()
+
+
+def run_serving(plan: list[tuple[str, str]], prep: Prepared, opts: BenchOptions,
+                rec: Recorder) -> None:
+    """Servers run one after another (each holds its cores while up)."""
     for name, mode in plan:
         if mode != "serving":
             continue
-        peer = start(name, mode)
+        peer = start_peer(name, mode, prep, rec)
         if peer is None:
             continue
         try:
-            for wname in built:
-                if not run(peer, wname):
+            for wname in prep.built:
+                if not run_on(peer, wname, prep, opts, rec):
                     break
         finally:
             peer.stop()
-    if jsonl:
-        jsonl.close()
-    context = {"model": model, "model_dir": str(model_dir) if model_dir else None,
-               "model_sha256": weights_digest(model_dir), "dtype": opts.dtype,
+
+
+def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchResult:
+    prep = prepare(opts, log)
+    for name, why in prep.not_run.items():
+        log(f"FAILED workload {name}: {why}")
+    with Recorder(opts, log) as rec:
+        plan = plan_runs(opts.peers, opts.modes, rec.skipped, log)
+        if prep.built:
+            run_offline(plan, prep, opts, rec)
+            run_serving(plan, prep, opts, rec)
+    ctx, cfg = prep.ctx, opts.workload_config
+    context = {"model": ctx.model, "model_dir": str(ctx.model_dir) if ctx.model_dir else None,
+               "model_sha256": weights_digest(ctx.model_dir), "dtype": opts.dtype,
                "threads": opts.threads, "concurrency": opts.concurrency,
                "offline_concurrency": opts.offline_concurrency, "block_size": opts.block_size,
-               "max_model_len": max_model_len, "machine": machine, "api": opts.api,
-               "workload_config": {k: v for k, v in vars(cfg).items()}}
-    return BenchResult(summaries, skipped, built, rendered, context)
+               "max_model_len": ctx.max_model_len, "machine": prep.machine, "api": opts.api,
+               "workload_config": dict(vars(cfg)),
+               "fit": {w: f.to_dict() for w, f in prep.fits.items()},
+               "not_run": prep.not_run,
+               "failed": [vars(s) for s in rec.skipped if s.failed]}
+    return BenchResult(rec.summaries, rec.skipped, prep.built, prep.rendered, context,
+                       prep.not_run)
 
 
 def plan_runs(peers: list[str], modes: list[str], skipped: list[Skip], log) -> list[tuple[str, str]]:
     """``(peer, mode)`` pairs to run: every selected mode the peer supports, modes in
-    order. transformers has no server, so it runs (once, offline) whatever the mode. A
-    peer with no mode left is skipped with the reason."""
+    order (so ``--mode serving`` runs serving peers only; transformers, which has no
+    server, runs only when offline is selected). A peer with no mode left is skipped with
+    the reason."""
     from prefixcache.bench.peers import PEER_MODES
 
-    plan = []
-    for mode in modes:
-        for name in peers:
-            if name == "transformers":
-                if ("transformers", "offline") not in plan:
-                    plan.append(("transformers", "offline"))
-            elif mode in PEER_MODES[name]:
-                plan.append((name, mode))
+    plan = [(name, mode) for mode in modes for name in peers if mode in PEER_MODES[name]]
     for name in peers:
         if not any(p == name for p, _ in plan):
             reason = (f"{name}: runs in {'/'.join(PEER_MODES[name])} mode only, not in "
@@ -303,6 +386,10 @@ def run_one(peer, ctx: PeerContext, workload: str, reqs, prompts, concurrency: i
     return summary
 
 
+def _error_text(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, PeerUnavailable) else f"{type(exc).__name__}: {exc}"
+
+
 def _open_jsonl(opts: BenchOptions):
     if opts.json_path is None:
         return None
@@ -339,6 +426,3 @@ def load_runs(out_dir: Path) -> list[dict]:
     """Every per-run JSON under ``out_dir/runs`` (to re-make reports without rerunning)."""
     return [json.loads(p.read_text()) for p in sorted((out_dir / "runs").glob("*__*__*.json"))]
 
-
-def replace_config(cfg: wl.WorkloadConfig, **kw) -> wl.WorkloadConfig:
-    return replace(cfg, **{k: v for k, v in kw.items() if v is not None})

@@ -390,12 +390,3 @@ def replay(cfg: WorkloadConfig) -> list[BenchRequest]:
         raise ValueError("the replay workload needs --requests FILE (a JSONL log of OpenAI request bodies)")
     return parse_replay(cfg.requests_file, default_max_tokens=cfg.max_tokens)
 
-
-def sessions_of(reqs: list[BenchRequest]) -> dict[str, list[BenchRequest]]:
-    """Requests grouped by session, each in turn order (dict order = first appearance)."""
-    out: dict[str, list[BenchRequest]] = {}
-    for r in reqs:
-        out.setdefault(r.session, []).append(r)
-    for v in out.values():
-        v.sort(key=lambda r: r.turn)
-    return out

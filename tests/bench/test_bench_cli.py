@@ -80,3 +80,27 @@ def test_bench_engine_takes_a_model_dir(tmp_path):
         engine_perf.run(a)
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 300}))
     assert engine_perf._vocab_size(tmp_path) == 300
+
+
+def test_report_only_keeps_the_failed_peers_of_the_last_run(tmp_path):
+    from prefixcache.bench.metrics import RequestResult, RunInfo, summarize
+
+    info = RunInfo(workload="shared-prefix", model="bench", peer="prefixcache", mode="serving",
+                   dtype="float32", threads=2, concurrency=4, machine="test")
+    rs = [RequestResult(id="a", session="a", turn=0, group="g", tenant=None, warm_expected=False,
+                        prompt_tokens=10, cached_tokens=0, output_tokens=2, send_time=0.0,
+                        first_token_time=0.5, end_time=0.6)]
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "shared-prefix__prefixcache__serving.json").write_text(
+        json.dumps(summarize(info, rs, wall_s=1.0, peak_rss=None)))
+    failed = {"peer": "vllm", "mode": "serving", "reason": "failed to start: no such model",
+              "failed": True}
+    (runs / "context.json").write_text(json.dumps({"context": {"failed": [failed]}}))
+    assert cli.run(parse("--report-only", "--out", str(tmp_path))) == 0
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "- vllm (serving): failed to start: no such model" in text
+    assert ("| shared-prefix serving: TTFT p50 vs vLLM-CPU | ≤ vLLM | vLLM-CPU failed to start: "
+            "no such model | **failed to start** |") in text
+    assert "| – | vllm (serving) | **failed to start: no such model** |" in (
+        tmp_path / "results.md").read_text()

@@ -83,7 +83,16 @@ def test_parse_prometheus_sums_label_sets():
 prefill_tokens_computed_total 1234.0
 vllm:prefix_cache_hits_total{engine="0",model_name="bench"} 96.0
 vllm:prefix_cache_hits_total{engine="1",model_name="bench"} 4.0
-garbage line
+# TYPE ttft_seconds histogram
+ttft_seconds_bucket{le="1.0"} 3
+ttft_seconds_bucket{le="+Inf"} 5
+ttft_seconds_sum 6.5
+ttft_seconds_count 5
 """
-    assert parse_prometheus(text) == {"prefill_tokens_computed_total": 1234.0, "vllm:prefix_cache_hits_total": 100.0}
+    assert parse_prometheus(text) == {"prefill_tokens_computed_total": 1234.0,
+                                      "vllm:prefix_cache_hits_total": 100.0,
+                                      "ttft_seconds_bucket": 8.0, "ttft_seconds_sum": 6.5,
+                                      "ttft_seconds_count": 5.0}
     assert parse_prometheus(None) == {}
+    # not exposition format: no counters rather than half of them
+    assert parse_prometheus(text + "garbage line\n") == {}

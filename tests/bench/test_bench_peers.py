@@ -1,6 +1,7 @@
 """Peers: clear skip messages when absent, and the offline engine loop on a fake engine."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,7 @@ def test_modes_and_models_peers_cannot_use(tmp_path):
 def test_runner_skips_absent_peers_and_reports_why(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "resolve_model", lambda m: (str(tmp_path), tmp_path))
     monkeypatch.setattr(runner, "make_renderer", lambda m, d: _CharRenderer())
+    monkeypatch.setattr(runner, "model_limit", lambda m, d: 4096)
     monkeypatch.setattr(runner.wl, "build_workload", lambda name, cfg, measure=None: [
         BenchRequest(id="r", session="r", prompt="hello", max_tokens=2)])
     import prefixcache.bench.peers.base as base
@@ -65,6 +67,7 @@ def test_runner_skips_absent_peers_and_reports_why(tmp_path, monkeypatch):
     reasons = {(s.peer, s.mode): s.reason for s in result.skipped}
     assert set(reasons) == {("vllm", "serving"), ("llamacpp", "serving")}
     assert "make peers" in reasons[("vllm", "serving")]
+    assert result.failed == []  # absent is no failure
     assert any(line.startswith("skip vllm (serving): not installed") for line in logs)
 
 
@@ -78,6 +81,13 @@ def test_plan_runs_each_peer_in_the_modes_it_has():
     assert plan == [("transformers", "offline")]
     assert [s.peer for s in skipped] == ["vllm"] and "serving mode only" in skipped[0].reason
     assert logs == ["skip vllm: vllm: runs in serving mode only, not in offline mode"]
+    # --mode serving runs serving peers only: transformers has no server
+    skipped, logs = [], []
+    peers = ["prefixcache", "transformers", "vllm"]
+    plan = runner.plan_runs(peers, ["serving"], skipped, logs.append)
+    assert plan == [("prefixcache", "serving"), ("vllm", "serving")]
+    assert [(s.peer, s.failed) for s in skipped] == [("transformers", False)]
+    assert "offline mode only" in skipped[0].reason
 
 
 def _patched_init(orig, tmp_path):
@@ -154,7 +164,8 @@ def test_server_process_start_failure_shows_the_log(tmp_path):
     proc = ServerProcess([sys.executable, "-c", "import sys; print('boom: no model'); sys.exit(3)"], {},
                          tmp_path / "logs" / "x.log")
     proc.start()
-    with pytest.raises(PeerUnavailable, match=r"(?s)exited with code 3.*boom: no model"):
+    first_line = r"^server exited with code 3 during start-up: boom: no model \(log "
+    with pytest.raises(PeerUnavailable, match=first_line):
         proc.wait_ready("http://127.0.0.1:9/health", timeout_s=30)
     proc.stop()
     assert Path(tmp_path / "logs" / "x.log").read_text().startswith("$ ")
@@ -178,3 +189,106 @@ def test_llamacpp_serves_requests_fully_and_at_fixed_length(tmp_path):
     assert argv[argv.index("--interrupt_requests") + 1] == "false"  # else C > 1 truncates answers
     assert argv[argv.index("--n_threads") + 1] == str(c.threads) == env["OMP_NUM_THREADS"]
     assert peer.extra_body(BenchRequest(id="r", session="r", max_tokens=16), "salt") == {"min_tokens": 16}
+
+
+class _FakeOffline:
+    """An offline peer: ``fail_on`` (workload -> exception) raises from ``run``."""
+
+    mode = "offline"
+
+    def __init__(self, name, fail_on=None):
+        self.name, self.label, self.fail_on = name, f"{name} (offline)", fail_on or {}
+        self.stopped = 0
+
+    def check(self, ctx):
+        pass
+
+    def start(self, ctx):
+        pass
+
+    def stop(self):
+        self.stopped += 1
+
+    def detail(self):
+        return {}
+
+    def run(self, workload, reqs, prompts, *, concurrency, salt, progress=None, time_scale=1.0):
+        from prefixcache.bench.metrics import RequestResult
+        from prefixcache.bench.peers import PeerRun
+
+        if workload in self.fail_on:
+            raise self.fail_on[workload]
+        rs = [RequestResult(id=r.id, session=r.session, turn=r.turn, group=r.group, tenant=None,
+                            warm_expected=False, prompt_tokens=len(prompts[r.id].token_ids),
+                            cached_tokens=0, output_tokens=r.max_tokens, send_time=0.0,
+                            first_token_time=0.1, end_time=0.2) for r in reqs]
+        return PeerRun(rs, wall_s=1.0)
+
+
+def _fake_bench(tmp_path, monkeypatch, peers: dict):
+    monkeypatch.setattr(runner, "resolve_model", lambda m: ("builtin:tiny", None))
+    monkeypatch.setattr(runner, "make_renderer", lambda m, d: _CharRenderer())
+    monkeypatch.setattr(runner, "model_limit", lambda m, d: 12)
+    monkeypatch.setattr(runner.wl, "build_workload", lambda name, cfg, measure=None: [
+        BenchRequest(id=f"{name}/{i}", session=f"{name}/{i}", prompt="x" * n, max_tokens=2)
+        for i, n in enumerate([4, 10, 11])])
+    monkeypatch.setattr(runner, "make_peer", lambda name, mode: peers[name])
+    files = []
+    real_open = runner._open_jsonl
+    monkeypatch.setattr(runner, "_open_jsonl",
+                        lambda opts: files.append(real_open(opts)) or files[-1])
+    opts = runner.BenchOptions(workloads=["few-shot", "agent"], peers=list(peers),
+                               modes=["offline"], json_path=tmp_path / "out.jsonl", progress=False)
+    return opts, files
+
+
+def test_a_peer_that_breaks_mid_run_is_failed_and_the_others_go_on(tmp_path, monkeypatch):
+    bad = _FakeOffline("prefixcache", {"agent": RuntimeError("step failed")})
+    good = _FakeOffline("prefixcache-nocache")
+    opts, files = _fake_bench(tmp_path, monkeypatch,
+                              {"prefixcache": bad, "prefixcache-nocache": good})
+    logs: list[str] = []
+    result = runner.run_bench(opts, log=logs.append)
+    # prompts of 4, 10, 11 tokens + 2 out against 12: the 11-token one is skipped
+    assert [(s["workload"], s["peer"], s["requests"]) for s in result.summaries] == [
+        ("few-shot", "prefixcache", 2), ("few-shot", "prefixcache-nocache", 2),
+        ("agent", "prefixcache-nocache", 2)]
+    assert all(s["fit"] == {"max_model_len": 12, "built": 3, "reserve": 0, "capped": 0,
+                            "skipped": 1}
+               for s in result.summaries)
+    assert [(s.peer, s.reason) for s in result.failed] == [
+        ("prefixcache", "failed during agent: RuntimeError: step failed")]
+    assert bad.stopped >= 1 and good.stopped >= 1
+    assert "FAILED prefixcache (offline): failed during agent: RuntimeError: step failed" in logs
+    assert result.context["failed"] == [
+        {"peer": "prefixcache", "mode": "offline", "failed": True,
+         "reason": "failed during agent: RuntimeError: step failed"}]
+    assert files[0].closed
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 3
+
+
+def test_the_json_lines_file_is_closed_when_the_bench_is_interrupted(tmp_path, monkeypatch):
+    peer = _FakeOffline("prefixcache", {"agent": KeyboardInterrupt()})
+    opts, files = _fake_bench(tmp_path, monkeypatch, {"prefixcache": peer})
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_bench(opts, log=lambda line: None)
+    assert files[0].closed and peer.stopped >= 1
+    (row,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert (row["workload"], row["requests"]) == ("few-shot", 2)
+
+
+def test_a_workload_with_no_request_that_fits_is_not_run_and_fails_the_command(
+        tmp_path, monkeypatch, capsys):
+    from prefixcache.bench.cli import exit_status
+
+    peer = _FakeOffline("prefixcache")
+    opts, _ = _fake_bench(tmp_path, monkeypatch, {"prefixcache": peer})
+    monkeypatch.setattr(runner, "model_limit", lambda m, d: 5)  # prompts of 4, 10, 11 + 2 out
+    result = runner.run_bench(opts, log=lambda line: None)
+    assert result.summaries == [] and result.failed == []
+    assert result.not_run == {
+        "few-shot": "no request fits the model's 5-token context (all 3 skipped)",
+        "agent": "no request fits the model's 5-token context (all 3 skipped)"}
+    assert result.context["fit"]["agent"]["skipped"] == 3
+    assert exit_status(result) == 1
+    assert "prefixcache bench: workload agent: no request fits" in capsys.readouterr().err

@@ -87,3 +87,53 @@ def test_results_say_when_each_peer_was_measured(tmp_path):
     assert "- vllm (serving): engine=vllm; measured 2026-11-30 11:40 UTC to 2026-11-30 11:40 UTC" in md
     assert ("- prefixcache (offline): engine=prefixcache; measured 2026-11-30 10:05 UTC to "
             "2026-11-30 10:20 UTC") in md
+
+
+def test_runs_with_failed_requests_carry_their_first_errors_and_fail_the_command(capsys):
+    from prefixcache.bench import cli
+    from prefixcache.bench.runner import BenchResult, Skip
+
+    def res(rid, error):
+        return RequestResult(id=rid, session=rid, turn=0, group="g", tenant=None,
+                             warm_expected=False, prompt_tokens=10, cached_tokens=0, output_tokens=0 if error else 2,
+                             send_time=0.0, first_token_time=None if error else 0.5,
+                             end_time=0.6, error=error)
+
+    info = RunInfo(workload="few-shot", model="bench", peer="vllm", mode="serving",
+                   dtype="float32", threads=2, concurrency=4, machine="test box")
+    too_long = "HTTP 400: prompt too long"
+    rs = [res("a", None), res("b", too_long), res("c", too_long), res("d", "no token received")]
+    bad = summarize(info, rs, wall_s=1.0, peak_rss=None)
+    assert (bad["requests"], bad["errors"]) == (4, 3)
+    assert bad["first_errors"] == ["b: HTTP 400: prompt too long", "d: no token received"]
+    assert "| few-shot | vllm (serving) | 4 | 4 (3 err) |" in report.markdown_table([bad])
+    assert report.errors_table([bad]).splitlines()[2] == (
+        "| few-shot | vllm (serving) | 3 of 4 "
+        "| b: HTTP 400: prompt too long<br>d: no token received |")
+    good = summarize(info, rs[:1], wall_s=1.0, peak_rss=None)
+    assert good["first_errors"] == [] and report.errors_table([good]) == ""
+    assert cli.exit_status(BenchResult([good], [Skip("llamacpp", "serving", "not installed")],
+                                       {}, {}, {})) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.exit_status(BenchResult([bad], [], {}, {}, {})) == 1
+    assert capsys.readouterr().err == ("prefixcache bench: few-shot on vllm (serving): 3 of 4 "
+                                       "requests failed, first: b: HTTP 400: prompt too long\n")
+
+
+def test_a_failed_peer_is_a_row_and_its_goals_say_so():
+    failed = [{"peer": "vllm", "mode": "serving",
+               "reason": "failed to start: boom | bang\nlog tail", "failed": True}]
+    ours = run("shared-prefix", "prefixcache", "serving", ttfts=[1, 0.1], cached=[0, 960])
+    table = report.markdown_table([ours], failed)
+    assert table.splitlines()[-1] == ("| – | vllm (serving) | **failed to start: boom \\| bang** |"
+                                      + " – |" * 11)
+    gs = {g.name: g for g in report.goals([ours], failed)}
+    g = gs["shared-prefix serving: TTFT p50 vs vLLM-CPU"]
+    assert (g.figure, g.status) == ("vLLM-CPU failed to start: boom | bang", "failed to start")
+    assert gs["shared-prefix serving: throughput vs vLLM-CPU"].status == "failed to start"
+    llama = gs["shared-prefix serving: throughput vs llama-cpp-python server"]
+    assert llama.status == "not measured"
+    # our own failure: every goal that needs our runs says so
+    gs = report.goals([], [{"peer": "prefixcache", "mode": "offline",
+                            "reason": "failed to start: oom"}])
+    assert gs[0].status == "failed to start" and gs[0].figure == "prefixcache failed to start: oom"

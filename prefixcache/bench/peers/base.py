@@ -31,7 +31,9 @@ class PeerContext:
         model: what our engine loads (a Hugging Face directory or ``builtin:...``).
         model_dir: the Hugging Face directory, or ``None`` (other peers need one).
         dtype: ``float32`` or ``bfloat16``. threads: compute threads per peer.
-        block_size: our page size in tokens. max_model_len: longest prompt + output.
+        block_size: our page size in tokens. max_model_len: the model's context length
+            (prompt + output tokens, its ``max_position_embeddings``); every request of
+            the run fits it (see :mod:`prefixcache.bench.fit`).
         kv_cache_gib: KV pool size given to engines that take one.
         api: ``completions`` or ``chat`` for serving peers.
         work_dir: scratch space (server logs, GGUF files); default

@@ -47,17 +47,27 @@ class ServerProcess:
 
     def wait_ready(self, url: str, timeout_s: float) -> float:
         """Poll ``url`` until it answers 200; returns seconds waited. Raises
-        PeerUnavailable with the log's tail when the process dies or time runs out."""
+        PeerUnavailable when the process dies or time runs out: its first line names the
+        cause and the log's last line, the lines after it are the log's tail."""
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < timeout_s:
             if not self.alive():
-                raise PeerUnavailable(f"server exited with code {self.proc.returncode} during start-up; "
-                                      f"log {self.log_path}:\n{self.tail()}")
+                raise PeerUnavailable(f"server exited with code {self.proc.returncode} during "
+                                      f"start-up: {self.last_line()} (log {self.log_path})\n"
+                                      f"{self.tail()}")
             if asyncio.run(get_text(url, timeout=5.0)) is not None:
                 return time.perf_counter() - t0
             time.sleep(1.0)
         self.stop()
-        raise PeerUnavailable(f"server not ready after {timeout_s:.0f} s; log {self.log_path}:\n{self.tail()}")
+        raise PeerUnavailable(f"server not ready after {timeout_s:.0f} s: {self.last_line()} "
+                              f"(log {self.log_path})\n{self.tail()}")
+
+    def last_line(self) -> str:
+        """The log's last non-empty line of output (not the command line), cut to 200
+        characters; ``"no output"`` when there is none."""
+        lines = [x.strip() for x in self.tail(50).splitlines()
+                 if x.strip() and not x.startswith("$ ")]
+        return lines[-1][:200] if lines else "no output"
 
     def tail(self, n: int = 15) -> str:
         try:
