@@ -103,13 +103,13 @@ def test_nothing_fits_and_bad_limits():
 
 
 def test_the_reserve_is_what_the_tokenizer_adds_to_a_text():
-    from prefixcache.model.builtin import ByteTokenizer
+    from prefixcache.model.builtin import tiny_tokenizer
 
     class NoSpecials:
         def encode(self, text, add_special_tokens=True):
             return [ord(c) for c in text]
 
-    assert fit.special_tokens_added(ByteTokenizer()) == 1  # its BOS
+    assert fit.special_tokens_added(tiny_tokenizer()) == 1  # its BOS
     assert fit.special_tokens_added(NoSpecials()) == 0
     assert fit.special_tokens_added(None) == 0
 
