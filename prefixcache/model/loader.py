@@ -1,6 +1,7 @@
 """Load a model: a Hugging Face directory (``config.json`` + ``*.safetensors``, single
-file or sharded with ``model.safetensors.index.json``, plus tokenizer files) or
-``"builtin:tiny"``.
+file or sharded with ``model.safetensors.index.json``, plus tokenizer files), a GGUF file
+(or a directory holding one; converted once through ``gguf_cache``), a registered name
+(``registry``) or ``"builtin:tiny"``.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from prefixcache.model import builtin
+from prefixcache.model import builtin, gguf_cache, registry
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.tokenizer import Tokenizer, load_tokenizer
@@ -105,12 +106,16 @@ def load_weights(model: PagedLlama, files: list[Path]) -> None:
 
 def load_model(model: str, device: torch.device | str = "cpu",
                dtype: str | torch.dtype = "float32") -> LoadedModel:
-    """Load ``model`` (a directory path or ``"builtin:tiny"``) onto ``device`` in ``dtype``.
+    """Load ``model`` (a directory, a ``.gguf`` file, a registered name such as
+    ``"smollm2-135m-instruct-q4_1"``, or ``"builtin:tiny"``) onto ``device`` in ``dtype``.
 
     Raises:
-        FileNotFoundError: the directory, ``config.json`` or the weights are missing.
-        ValueError: unknown builtin name, unsupported architecture/RoPE/dtype, or weights
-            that do not match the config (the message names the file or key).
+        FileNotFoundError: the directory, ``config.json`` or the weights are missing;
+            ``registry.ModelNotInstalledError`` (says how to install) for a registered
+            name whose package is missing.
+        ValueError: unknown builtin name, unsupported architecture/RoPE/dtype/GGUF tensor
+            type, or weights that do not match the config (the message names the file or
+            key).
     """
     if model.startswith("builtin:"):
         if model not in BUILTIN_MODELS:
@@ -119,7 +124,10 @@ def load_model(model: str, device: torch.device | str = "cpu",
         net = builtin.build_tiny_model(device, resolve_dtype(dtype))
         return LoadedModel(net, net.config, builtin.ByteTokenizer(), model,
                            builtin.CHAT_TEMPLATE)
-    path = Path(model).expanduser()
+    path = registry.resolve(model)
+    gguf_file = gguf_cache.find_gguf(path)
+    if gguf_file is not None:
+        path = gguf_cache.converted_dir(gguf_file)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory not found: {path}")
     config = ModelConfig.from_file(path / "config.json")
