@@ -29,6 +29,11 @@ def system_prompt() -> str:
     return (resources.files("prefixcache") / "data" / "demo_system_prompt.md").read_text()
 
 
+def one_line(text: str) -> str:
+    """An answer for display: its whitespace runs (newlines included) as single spaces."""
+    return " ".join(text.split())
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help=f"show cold vs warm TTFT on {DEFAULT_MODEL}")
     add_engine_args(p)
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                        params)[0]
         ttfts.append(out.ttft)
         name = "cold" if i == 0 else f"warm {i}"
-        answers.append(f"[bold]{name}[/bold] {q} -> {out.outputs[0].text.strip()}")
+        answers.append(f"[bold]{name}[/bold] {q} -> {one_line(out.outputs[0].text)}")
         table.add_row(name, q, str(len(out.prompt_token_ids)), str(out.num_cached_tokens),
                       f"{out.ttft * 1000:.1f}")
     console.print(table)
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"burst of {args.burst} identical cold requests ({n} tokens each): "
                   f"{computed} prefill tokens computed, {computed / n:.2f}x one request "
                   f"(cached tokens {[o.num_cached_tokens for o in outs]})")
-    console.print(f"[bold]burst[/bold] {BURST_QUESTION} -> {outs[0].outputs[0].text.strip()}",
+    console.print(f"[bold]burst[/bold] {BURST_QUESTION} -> {one_line(outs[0].outputs[0].text)}",
                   highlight=False)
     s = llm.stats()
     console.print(f"pages: {s['pages_total']} total, {s['pages_free']} free, "
