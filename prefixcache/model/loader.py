@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from prefixcache.model import builtin, gguf_cache, registry
+from prefixcache.model import builtin, registry
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.tokenizer import Tokenizer, load_tokenizer
@@ -124,10 +124,7 @@ def load_model(model: str, device: torch.device | str = "cpu",
         net = builtin.build_tiny_model(device, resolve_dtype(dtype))
         return LoadedModel(net, net.config, builtin.ByteTokenizer(), model,
                            builtin.CHAT_TEMPLATE)
-    path = registry.resolve(model)
-    gguf_file = gguf_cache.find_gguf(path)
-    if gguf_file is not None:
-        path = gguf_cache.converted_dir(gguf_file)
+    path = registry.model_dir(model)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory not found: {path}")
     config = ModelConfig.from_file(path / "config.json")

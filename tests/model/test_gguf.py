@@ -162,6 +162,11 @@ def test_directory_holding_one_gguf_loads_and_the_cache_is_reused(tmp_path, cach
     ids = prompt()
     assert torch.equal(our_logits(first, ids), our_logits(second, ids))
     assert first.model_id == str(d)
+    assert registry.model_dir(str(d)) == entries[0] == registry.model_dir(str(file))
+    # the converted directory is a valid HF directory for peers (transformers here)
+    peer = transformers.AutoModelForCausalLM.from_pretrained(str(entries[0])).eval()
+    assert type(peer).__name__ == "Qwen2ForCausalLM"
+    torch.testing.assert_close(our_logits(first, ids), hf_logits(peer, ids), atol=ATOL, rtol=0)
     # the file's sha is remembered by (path, size, mtime)
     index = json.loads((cache_dir / "sha256.json").read_text())
     assert index[str(file.resolve())]["sha256"] == entries[0].name.split("-v")[0]
