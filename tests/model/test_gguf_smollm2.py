@@ -105,3 +105,16 @@ def test_second_question_over_the_cached_system_prompt(ours, hf):
     assert out.num_cached_tokens == common // 16 * 16
     assert out.outputs[0].token_ids == hf_greedy(model, out.prompt_token_ids, 16)
     assert "Rome" in out.outputs[0].text
+
+
+def test_demo_runs_the_default_model_over_a_system_prompt_of_many_pages(ours):
+    import argparse
+
+    from prefixcache.engine import demo
+
+    parser = argparse.ArgumentParser()
+    demo.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["demo"])
+    assert args.model == NAME == "smollm2-135m-instruct-q4_1"
+    n = len(ours.tokenizer.encode(demo.system_prompt()))
+    assert 400 <= n <= 700 and n // 16 >= 25  # a few hundred tokens, 25+ full pages
