@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from pathlib import Path
 
 import gguf
@@ -43,6 +44,21 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+# K-quants (256 values a block): block bytes and the offsets of their float16 scales. gguf
+# cannot quantize them, so their blocks are random bytes with small scales.
+KQUANTS = {"Q2_K": (84, (80, 82)), "Q3_K": (110, (108,)), "Q4_K": (144, (0, 2)),
+           "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def random_kquant(rows: int, cols: int, qtype: str, seed: int) -> np.ndarray:
+    """``[rows, cols / 256 * block bytes]`` uint8 blocks that dequantize to values < ~1."""
+    size, scales = KQUANTS[qtype]
+    blocks = np.random.default_rng(seed).integers(0, 256, (rows * cols // 256, size), np.uint8)
+    for off in scales:
+        blocks[:, off:off + 2] = np.array([3e-4], np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 def write_gguf(hf: transformers.PreTrainedModel, path: Path, qtype: str = "F32",
                arch: str | None = None, name: str = "tiny") -> Path:
     """Write ``hf`` as a GGUF file: 2-D weights in ``qtype``, norms and biases in F32."""
@@ -72,6 +88,9 @@ def write_gguf(hf: transformers.PreTrainedModel, path: Path, qtype: str = "F32",
             w.add_tensor(key, a)
         elif qtype == "F16":
             w.add_tensor(key, a.astype(np.float16))
+        elif qtype in KQUANTS:
+            blocks = random_kquant(*a.shape, qtype, seed=zlib.crc32(key.encode()))
+            w.add_tensor(key, blocks, raw_dtype=Q[qtype])
         else:
             w.add_tensor(key, gguf.quants.quantize(a, Q[qtype]), raw_dtype=Q[qtype])
     w.write_header_to_file()
@@ -131,6 +150,27 @@ def test_logits_equal_transformers_gguf_load(tmp_path, cache_dir, kind, qtype, a
     if qtype != "F32":  # quantization really changed the weights
         exact = hf_logits(make_hf_model(kind), ids)
         assert (got - exact).abs().max() > 1e-5
+
+
+@pytest.mark.parametrize("qtype", list(KQUANTS))
+def test_k_quant_files_equal_transformers_gguf_load(tmp_path, cache_dir, qtype):
+    """Random K-quant blocks (rows of 256 values) in every 2-D weight."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=256,
+                                      max_position_embeddings=512, rms_norm_eps=1e-5)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    file = write_gguf(hf, tmp_path / f"k.{qtype}.gguf", qtype)
+    reader = ours_gguf.open_reader(file)
+    assert {t.tensor_type.name for t in reader.tensors} == {"F32", qtype}
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=file.name, dtype=torch.float32).eval()
+    loaded = load_model(str(file))
+    ids = prompt()
+    got, ref = our_logits(loaded, ids), hf_logits(ref_model, ids)
+    assert torch.isfinite(got).all() and got.std() > 1e-2  # weights really vary
+    torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["llama_bias", "mistral"])
