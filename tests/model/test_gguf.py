@@ -285,3 +285,15 @@ def test_unpermute_inverts_llama_cpp_permutation():
     assert not np.array_equal(permute(w, 3), w)
     b = np.arange(24, dtype=np.float32)
     assert np.array_equal(ours_gguf.unpermute_qk(permute(b, 3), 3), b)
+
+
+def test_loads_in_the_engines_dtype_from_the_same_cache_entry(tmp_path, cache_dir):
+    file = write_gguf(make_hf_model("qwen2"), tmp_path / "m.gguf", "Q8_0")
+    fp32 = load_model(str(file))
+    bf16 = load_model(str(file), dtype=torch.bfloat16)
+    assert bf16.model.embed.dtype == torch.bfloat16 and fp32.model.embed.dtype == torch.float32
+    assert torch.equal(bf16.model.embed, fp32.model.embed.to(torch.bfloat16))
+    assert len([p for p in cache_dir.iterdir() if p.is_dir()]) == 1  # one float32 entry
+    ids = prompt()
+    a, b = our_logits(fp32, ids), our_logits(bf16, ids)
+    assert b.dtype == torch.float32 and (a - b).abs().max() < 0.1 * a.abs().max()
