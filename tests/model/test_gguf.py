@@ -261,6 +261,11 @@ def test_not_a_gguf_file_and_several_files_are_named(tmp_path, cache_dir):
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(ValueError, match="bad.gguf: not a readable GGUF file"):
         load_model(str(bad))
+    cut = write_gguf(make_hf_model("llama"), tmp_path / "cut.gguf", "Q8_0")
+    cut.write_bytes(cut.read_bytes()[:-7])  # a truncated download
+    with pytest.raises(ValueError, match="cut.gguf: not a readable GGUF file"):
+        load_model(str(cut))
+    assert not [p for p in cache_dir.iterdir() if p.is_dir()]
     d = tmp_path / "two"
     d.mkdir()
     (d / "a.gguf").write_bytes(b"x")
