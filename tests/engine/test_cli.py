@@ -10,6 +10,7 @@ import pytest
 
 from prefixcache import LLM, SamplingParams
 from prefixcache.cli import SUBCOMMANDS, build_parser, main
+from prefixcache.model.registry import DEFAULT_MODEL
 from prefixcache.config import EngineConfig
 from prefixcache.engine.args import config_from_args, engine_fields
 from prefixcache.sampling_params import ParamError
@@ -93,7 +94,9 @@ def test_every_engine_command_has_the_same_flags():
 def test_flags_build_the_same_config_in_every_command(command, extra, monkeypatch):
     monkeypatch.setenv("PREFIXCACHE_HASH_SEED", "from-env")
     c = config_from_args(parse(command, *extra))
-    assert c == EngineConfig(hash_root_seed="from-env")
+    # the demo shows the real default model; generate and the API default to builtin:tiny
+    model = DEFAULT_MODEL if command == "demo" else "builtin:tiny"
+    assert c == EngineConfig(model=model, hash_root_seed="from-env")
     c = config_from_args(parse(
         command, *extra, "--seed", "7", "--dtype", "bf16", "--kv-cache-gib", "0.5",
         "--no-prefix-caching", "--deterministic", "--max-model-len", "300",
