@@ -9,13 +9,18 @@ Every error is an OpenAI error object (see :mod:`.errors`): invalid JSON, wrong 
 missing fields and invalid values get 400 naming the field (FastAPI's 422 is never
 used), a missing or unknown API key 401, a non-admin caller of an admin endpoint 403,
 an unknown model 404 (``code: model_not_found``), an unknown route 404, a body over the
-size limit 413, a full waiting queue 429 with ``Retry-After``.
+size limit 413, a full waiting queue 429 with ``Retry-After``, a server that is shutting
+down 503 (``code: server_shutting_down``). Without a key file, the cross-site checks of
+:mod:`.crosssite` add 415 (not JSON), 403 (foreign ``Origin`` on an admin endpoint) and
+421 (``Host`` not allowed). A client that disconnects while its body is read gets no
+answer and is not counted as an error.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,19 +29,23 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from prefixcache.server.async_engine import AsyncEngine
 from prefixcache.server.auth import Authenticator, Principal
+from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
+from prefixcache.server.crosssite import HostGuard, check_origin, require_json
+from prefixcache.server.drain import DEFAULT_GRACE_S, Drain
 from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
+from prefixcache.server.logsafe import clean
 from prefixcache.server.metrics import ServerMetrics
-from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.serving import OpenAIServing
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "ServerSettings", "create_app"]
 
 
 @dataclass
@@ -50,6 +59,8 @@ class ServerSettings:
         max_body_bytes: largest request body accepted (413 beyond).
         stats_timeout_s: how long ``/metrics`` waits for the engine thread before it
             answers with the previous engine snapshot.
+        allowed_hosts: ``Host`` names answered (421 for others); ``None``: any.
+        shutdown_grace_s: how long running requests may continue after SIGTERM, seconds.
     """
 
     model_names: list[str]
@@ -57,6 +68,8 @@ class ServerSettings:
     auth: Authenticator = field(default_factory=Authenticator)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     stats_timeout_s: float = 10.0
+    allowed_hosts: list[str] | None = None
+    shutdown_grace_s: float = DEFAULT_GRACE_S
 
 
 def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
@@ -64,45 +77,44 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     lifespan and stops with it."""
     metrics = ServerMetrics(settings.auth.tenants if settings.auth.enabled else None)
     aengine = AsyncEngine(engine, on_output=metrics.observe_output, on_step=metrics.observe_step)
+    drain = Drain(settings.shutdown_grace_s)
     serving = OpenAIServing(aengine, tokenizer=engine.tokenizer, model_names=settings.model_names,
-                            validate=engine.validate)
+                            validate=engine.validate, drain=drain,
+                            max_prompts_queued=getattr(getattr(engine, "config", None),
+                                                       "max_waiting_requests", None))
     auth = settings.auth
+    cross_site_checks = not auth.enabled
+    # Large bodies are parsed here, one at a time (see .bodies).
+    parse_pool = ThreadPoolExecutor(1, thread_name_prefix="prefixcache-parse")
     created = int(time.time())
     max_model_len = engine.max_model_len
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        drain.bind(asyncio.get_running_loop())
         aengine.start()
         try:
             yield
         finally:
             await asyncio.to_thread(aengine.shutdown)
+            parse_pool.shutdown(wait=False)
 
     app = FastAPI(title="prefixcache", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = aengine
     app.state.metrics = metrics
     app.state.settings = settings
+    app.state.drain = drain
+    if settings.allowed_hosts is not None:
+        app.add_middleware(HostGuard, allowed=settings.allowed_hosts, on_reject=metrics.reject)
 
     def principal_of(request: Request) -> Principal:
         return auth.authenticate(request.headers.get("authorization"))
 
-    async def read_body(request: Request) -> bytes:
-        limit = settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                raise APIError(400, "invalid Content-Length header") from None
-            if size > limit:
-                raise _too_large(size, limit)
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise _too_large(total, limit)
-            chunks.append(chunk)
-        return b"".join(chunks)
+    async def json_body(request: Request, model: type) -> Any:
+        if cross_site_checks:
+            require_json(request)
+        return await parse_json(model, await read_body(request, settings.max_body_bytes),
+                                parse_pool)
 
     # -- error mapping -----------------------------------------------------------------
     def error_response(status: int, body: dict, headers: dict | None = None) -> JSONResponse:
@@ -112,6 +124,13 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(exc.status, exc.body(), exc.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # Nobody reads this answer; not an error of the server's.
+        log.debug("client disconnected while sending %s %s", request.method,
+                  clean(request.url.path))
+        return Response(status_code=499)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -130,7 +149,7 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.exception("unhandled error on %s %s", request.method, clean(request.url.path))
         return error_response(500, error_body(f"internal server error: {type(exc).__name__}",
                                               type=SERVER_ERROR))
 
@@ -140,6 +159,9 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
         if not aengine.is_alive():
             return error_response(503, error_body("the engine thread is not running",
                                                   type=SERVER_ERROR, code="engine_unavailable"))
+        if drain.draining:
+            return error_response(503, error_body("the server is shutting down",
+                                                  type=SERVER_ERROR, code="server_shutting_down"))
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
@@ -155,14 +177,14 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     async def completions(request: Request) -> Response:
         arrival = time.perf_counter()
         principal = principal_of(request)
-        req = parse_body(CompletionRequest, await read_body(request))
+        req = await json_body(request, CompletionRequest)
         return await serving.completions(req, principal, request, arrival)  # type: ignore[arg-type]
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         arrival = time.perf_counter()
         principal = principal_of(request)
-        req = parse_body(ChatCompletionRequest, await read_body(request))
+        req = await json_body(request, ChatCompletionRequest)
         return await serving.chat(req, principal, request, arrival)  # type: ignore[arg-type]
 
     @app.get("/metrics")
@@ -179,6 +201,8 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     async def reset_prefix_cache(request: Request) -> JSONResponse:
         principal = principal_of(request)
         auth.require_admin(principal)
+        if cross_site_checks:
+            check_origin(request, settings.allowed_hosts)
         report = await aengine.call(lambda e: e.reset_prefix_cache())
         log.info("prefix cache reset by tenant %s: dropped %d pages, kept %d in use",
                  principal.tenant, report.dropped_pages, report.kept_in_use_pages)
@@ -186,8 +210,3 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
                              "kept_in_use_pages": report.kept_in_use_pages})
 
     return app
-
-
-def _too_large(size: int, limit: int) -> APIError:
-    return APIError(413, f"the request body ({size} bytes) exceeds the limit of {limit} "
-                    "bytes", code="request_too_large")

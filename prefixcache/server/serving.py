@@ -19,6 +19,13 @@ never receives text that the final answer cuts away.
 Cancellation: a streaming client that disconnects cancels its generator; a
 non-streaming one is watched for ``http.disconnect``. Either way the engine requests
 are aborted and their pages return to the pool.
+
+Admission: a request with more prompts than the waiting queue holds
+(``--max-waiting-requests``) could never be admitted, since all its prompts enter that
+queue at once: it gets 400 naming ``prompt``, not a 429 that no retry satisfies. Once
+the server is shutting down (:mod:`.drain`) new requests get 503; running ones that
+outlive the grace period end with a ``server_shutting_down`` error (an SSE error event
+then ``[DONE]``, or a JSON 503).
 """
 from __future__ import annotations
 
@@ -41,7 +48,9 @@ from prefixcache.outputs import Logprob, RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams
 from prefixcache.server.async_engine import AsyncEngine, EngineDeadError, RequestSpec
 from prefixcache.server.auth import Principal
+from prefixcache.server.drain import Drain, ShuttingDown
 from prefixcache.server.errors import RATE_LIMIT, SERVER_ERROR, APIError, bad_request
+from prefixcache.server.logsafe import name_list
 from prefixcache.server.protocol import (ChatCompletionRequest, CompletionRequest,
                                          check_unsupported, ignored_fields, message_dicts)
 
@@ -82,14 +91,20 @@ class OpenAIServing:
         tokenizer: the model's tokenizer (``None``: token-id prompts only).
         model_names: the names clients may send as ``model`` (first is reported).
         validate: ``LLMEngine.validate`` (pure: reads the vocabulary and context length).
+        drain: the app's shutdown state (default: one that never begins).
+        max_prompts_queued: the engine's ``max_waiting_requests`` (``None``: no limit);
+            a request with more prompts can never be admitted.
     """
 
     def __init__(self, engine: AsyncEngine, *, tokenizer: Any, model_names: list[str],
-                 validate: Callable[[list[int], SamplingParams], None]):
+                 validate: Callable[[list[int], SamplingParams], None],
+                 drain: Drain | None = None, max_prompts_queued: int | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_names = list(model_names)
         self.validate = validate
+        self.drain = drain or Drain()
+        self.max_prompts_queued = max_prompts_queued
         # Tokenization and chat templates run off the event loop, one at a time (Hugging
         # Face fast tokenizers must not be entered by two threads at once).
         self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="prefixcache-tokenize")
@@ -123,7 +138,8 @@ class OpenAIServing:
         check_unsupported(req)
         ignored = ignored_fields(req, kind)
         if ignored:
-            log.warning("ignoring request fields not used by prefixcache: %s", ", ".join(ignored))
+            log.warning("ignoring request fields not used by prefixcache: %s",
+                        name_list(ignored))
         return model
 
     async def _prepare_completion(self, req: CompletionRequest, arrival: float) -> Prepared:
@@ -234,6 +250,14 @@ class OpenAIServing:
     async def _submit(self, prep: Prepared, principal: Principal
                       ) -> tuple[asyncio.Queue, list[RequestSpec]]:
         n = len(prep.prompts)
+        if self.drain.draining:
+            raise _shutting_down("the server is shutting down; retry on another server")
+        limit = self.max_prompts_queued
+        if limit is not None and n > limit:
+            raise bad_request(f"this request has {n} prompts, but the server queues at most "
+                              f"{limit} (--max-waiting-requests), so it could never be "
+                              f"admitted; send at most {limit} prompts per request",
+                              "messages" if prep.kind == "chat" else "prompt")
         specs = [RequestSpec(request_id=prep.request_id if n == 1 else f"{prep.request_id}-{i}",
                              prompt_token_ids=ids, params=prep.params, prompt=text,
                              tenant=principal.tenant, cache_salt=prep.cache_salt,
@@ -252,6 +276,7 @@ class OpenAIServing:
             raise APIError(503, f"the engine is not running: {exc}", type=SERVER_ERROR,
                            code="engine_unavailable",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        self.drain.track(queue)
         return queue, specs
 
     async def _updates(self, queue: asyncio.Queue, specs: list[RequestSpec], pending: set[int]
@@ -266,6 +291,8 @@ class OpenAIServing:
                     items.append(queue.get_nowait())
                 latest: dict[int, RequestOutput] = {}
                 for idx, item in items:
+                    if isinstance(item, ShuttingDown):
+                        raise item
                     if isinstance(item, BaseException):
                         raise EngineFailure(str(item))
                     latest[idx] = item
@@ -274,6 +301,7 @@ class OpenAIServing:
                         pending.discard(idx)
                 yield latest
         finally:
+            self.drain.untrack(queue)
             self._abort_pending(specs, pending)
 
     def _abort_pending(self, specs: list[RequestSpec], pending: set[int]) -> None:
@@ -288,15 +316,22 @@ class OpenAIServing:
         updates = self._updates(queue, specs, pending)
         if prep.stream:
             # The abort on close also covers a stream cancelled before its first chunk.
+            def on_close() -> None:
+                self.drain.untrack(queue)
+                self._abort_pending(specs, pending)
+
             return _EngineStreamingResponse(
-                self._stream(prep, updates), lambda: self._abort_pending(specs, pending),
+                self._stream(prep, updates), on_close,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             finals = await _unless_disconnected(request, self._collect(updates))
         except EngineFailure as exc:
             raise APIError(500, str(exc), type=SERVER_ERROR, code="engine_error") from None
+        except ShuttingDown as exc:
+            raise _shutting_down(str(exc)) from None
         finally:
+            self.drain.untrack(queue)
             self._abort_pending(specs, pending)
         if finals is None:  # client gone; the requests were aborted
             return Response(status_code=499)
@@ -399,6 +434,9 @@ class OpenAIServing:
         except EngineFailure as exc:
             yield _sse({"error": {"message": str(exc), "type": SERVER_ERROR, "param": None,
                                   "code": "engine_error"}})
+        except ShuttingDown as exc:
+            yield _sse({"error": {"message": str(exc), "type": SERVER_ERROR, "param": None,
+                                  "code": "server_shutting_down"}})
         yield "data: [DONE]\n\n"
 
     @staticmethod
@@ -451,6 +489,11 @@ def _param_error(exc: ParamError, rename: dict[str, str]) -> APIError:
     if param != exc.param and msg.startswith(exc.param):
         msg = param + msg[len(exc.param):]
     return bad_request(msg, param)
+
+
+def _shutting_down(message: str) -> APIError:
+    return APIError(503, message, type=SERVER_ERROR, code="server_shutting_down",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _usage(outputs: Any) -> dict[str, Any]:
