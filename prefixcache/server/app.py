@@ -5,6 +5,9 @@ Routes:
     ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus),
     ``POST /reset_prefix_cache`` (admin).
 
+Routes and exception handlers are module-level functions; what they share is
+``request.app.state.server``, built once by :func:`create_app`.
+
 Every error is an OpenAI error object (see :mod:`.errors`): invalid JSON, wrong types,
 missing fields and invalid values get 400 naming the field (FastAPI's 422 is never
 used), a missing or unknown API key 401, a non-admin caller of an admin endpoint 403,
@@ -72,6 +75,24 @@ class ServerSettings:
     shutdown_grace_s: float = DEFAULT_GRACE_S
 
 
+@dataclass
+class _Server:
+    """Everything the routes read, as ``request.app.state.server``."""
+
+    settings: ServerSettings
+    engine: AsyncEngine
+    serving: OpenAIServing
+    metrics: ServerMetrics
+    drain: Drain
+    parse_pool: ThreadPoolExecutor      # large bodies are parsed here (see .bodies)
+    max_model_len: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def cross_site_checks(self) -> bool:
+        return not self.settings.auth.enabled
+
+
 def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     """Build the app around an ``LLMEngine``. The engine thread starts with the app's
     lifespan and stops with it."""
@@ -82,131 +103,162 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
                             validate=engine.validate, drain=drain,
                             max_prompts_queued=getattr(getattr(engine, "config", None),
                                                        "max_waiting_requests", None))
-    auth = settings.auth
-    cross_site_checks = not auth.enabled
-    # Large bodies are parsed here, one at a time (see .bodies).
-    parse_pool = ThreadPoolExecutor(1, thread_name_prefix="prefixcache-parse")
-    created = int(time.time())
-    max_model_len = engine.max_model_len
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        drain.bind(asyncio.get_running_loop())
-        aengine.start()
-        try:
-            yield
-        finally:
-            await asyncio.to_thread(aengine.shutdown)
-            parse_pool.shutdown(wait=False)
-
-    app = FastAPI(title="prefixcache", lifespan=lifespan, docs_url=None, redoc_url=None)
+    server = _Server(settings, aengine, serving, metrics, drain,
+                     ThreadPoolExecutor(1, thread_name_prefix="prefixcache-parse"),
+                     engine.max_model_len)
+    app = FastAPI(title="prefixcache", lifespan=_lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
     app.state.engine = aengine
     app.state.metrics = metrics
     app.state.settings = settings
     app.state.drain = drain
     if settings.allowed_hosts is not None:
         app.add_middleware(HostGuard, allowed=settings.allowed_hosts, on_reject=metrics.reject)
-
-    def principal_of(request: Request) -> Principal:
-        return auth.authenticate(request.headers.get("authorization"))
-
-    async def json_body(request: Request, model: type) -> Any:
-        if cross_site_checks:
-            require_json(request)
-        return await parse_json(model, await read_body(request, settings.max_body_bytes),
-                                parse_pool)
-
-    # -- error mapping -----------------------------------------------------------------
-    def error_response(status: int, body: dict, headers: dict | None = None) -> JSONResponse:
-        metrics.reject(status)
-        return JSONResponse(body, status_code=status, headers=headers)
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.body(), exc.headers)
-
-    @app.exception_handler(ClientDisconnect)
-    async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
-        # Nobody reads this answer; not an error of the server's.
-        log.debug("client disconnected while sending %s %s", request.method,
-                  clean(request.url.path))
-        return Response(status_code=499)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        msg = {404: f"no route {request.method} {request.url.path}",
-               405: f"method {request.method} is not allowed on {request.url.path}"
-               }.get(exc.status_code, str(exc.detail))
-        return error_response(exc.status_code, error_body(msg, code=str(exc.status_code)),
-                              getattr(exc, "headers", None))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errs = exc.errors()
-        param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
-        return error_response(400, error_body(str(errs[0]["msg"]) if errs else "invalid request",
-                                              param=param or None))
-
-    @app.exception_handler(Exception)
-    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, clean(request.url.path))
-        return error_response(500, error_body(f"internal server error: {type(exc).__name__}",
-                                              type=SERVER_ERROR))
-
-    # -- routes ------------------------------------------------------------------------
-    @app.get("/health")
-    async def health() -> Response:
-        if not aengine.is_alive():
-            return error_response(503, error_body("the engine thread is not running",
-                                                  type=SERVER_ERROR, code="engine_unavailable"))
-        if drain.draining:
-            return error_response(503, error_body("the server is shutting down",
-                                                  type=SERVER_ERROR, code="server_shutting_down"))
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> JSONResponse:
-        principal_of(request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "prefixcache",
-             "root": settings.model_root or name, "parent": None,
-             "max_model_len": max_model_len}
-            for name in settings.model_names]})
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        arrival = time.perf_counter()
-        principal = principal_of(request)
-        req = await json_body(request, CompletionRequest)
-        return await serving.completions(req, principal, request, arrival)  # type: ignore[arg-type]
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        arrival = time.perf_counter()
-        principal = principal_of(request)
-        req = await json_body(request, ChatCompletionRequest)
-        return await serving.chat(req, principal, request, arrival)  # type: ignore[arg-type]
-
-    @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
-        stats = None
-        if aengine.is_alive():
-            try:
-                stats = await aengine.call(lambda e: e.stats(), timeout=settings.stats_timeout_s)
-            except Exception:  # an old snapshot beats no answer
-                log.warning("engine stats unavailable; serving the previous snapshot")
-        return Response(metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
-
-    @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache(request: Request) -> JSONResponse:
-        principal = principal_of(request)
-        auth.require_admin(principal)
-        if cross_site_checks:
-            check_origin(request, settings.allowed_hosts)
-        report = await aengine.call(lambda e: e.reset_prefix_cache())
-        log.info("prefix cache reset by tenant %s: dropped %d pages, kept %d in use",
-                 principal.tenant, report.dropped_pages, report.kept_in_use_pages)
-        return JSONResponse({"status": "ok", "dropped_pages": report.dropped_pages,
-                             "kept_in_use_pages": report.kept_in_use_pages})
-
+    for exc_type, handler in _HANDLERS:
+        app.add_exception_handler(exc_type, handler)
+    for method, path, route in _ROUTES:
+        app.add_api_route(path, route, methods=[method])
     return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    server: _Server = app.state.server
+    server.drain.bind(asyncio.get_running_loop())
+    server.engine.start()
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(server.engine.shutdown)
+        server.parse_pool.shutdown(wait=False)
+
+
+def _server(request: Request) -> _Server:
+    return request.app.state.server
+
+
+def _principal(request: Request) -> Principal:
+    return _server(request).settings.auth.authenticate(request.headers.get("authorization"))
+
+
+async def _json_body(request: Request, model: type) -> Any:
+    server = _server(request)
+    if server.cross_site_checks:
+        require_json(request)
+    raw = await read_body(request, server.settings.max_body_bytes)
+    return await parse_json(model, raw, server.parse_pool)
+
+
+# -- error mapping -------------------------------------------------------------------------
+def _error_response(request: Request, status: int, body: dict,
+                    headers: dict | None = None) -> JSONResponse:
+    _server(request).metrics.reject(status)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return _error_response(request, exc.status, exc.body(), exc.headers)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # Nobody reads this answer, and it is no error of the server's: not counted.
+    log.debug("client disconnected while sending %s %s", request.method,
+              clean(request.url.path))
+    return Response(status_code=499)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    msg = {404: f"no route {request.method} {request.url.path}",
+           405: f"method {request.method} is not allowed on {request.url.path}"
+           }.get(exc.status_code, str(exc.detail))
+    return _error_response(request, exc.status_code, error_body(msg, code=str(exc.status_code)),
+                           getattr(exc, "headers", None))
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    errs = exc.errors()
+    param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
+    return _error_response(request, 400, error_body(
+        str(errs[0]["msg"]) if errs else "invalid request", param=param or None))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, clean(request.url.path))
+    return _error_response(request, 500, error_body(
+        f"internal server error: {type(exc).__name__}", type=SERVER_ERROR))
+
+
+_HANDLERS = ((APIError, _api_error), (ClientDisconnect, _client_gone),
+             (StarletteHTTPException, _http_error), (RequestValidationError, _validation_error),
+             (Exception, _internal_error))
+
+
+# -- routes --------------------------------------------------------------------------------
+async def health(request: Request) -> Response:
+    server = _server(request)
+    if not server.engine.is_alive():
+        return _error_response(request, 503, error_body(
+            "the engine thread is not running", type=SERVER_ERROR, code="engine_unavailable"))
+    if server.drain.draining:
+        return _error_response(request, 503, error_body(
+            "the server is shutting down", type=SERVER_ERROR, code="server_shutting_down"))
+    return JSONResponse({"status": "ok"})
+
+
+async def models(request: Request) -> JSONResponse:
+    _principal(request)
+    server = _server(request)
+    s = server.settings
+    return JSONResponse({"object": "list", "data": [
+        {"id": name, "object": "model", "created": server.created, "owned_by": "prefixcache",
+         "root": s.model_root or name, "parent": None, "max_model_len": server.max_model_len}
+        for name in s.model_names]})
+
+
+async def completions(request: Request) -> Response:
+    arrival = time.perf_counter()
+    principal = _principal(request)
+    req = await _json_body(request, CompletionRequest)
+    return await _server(request).serving.completions(req, principal, request, arrival)
+
+
+async def chat_completions(request: Request) -> Response:
+    arrival = time.perf_counter()
+    principal = _principal(request)
+    req = await _json_body(request, ChatCompletionRequest)
+    return await _server(request).serving.chat(req, principal, request, arrival)
+
+
+async def prometheus_metrics(request: Request) -> Response:
+    server = _server(request)
+    stats = None
+    if server.engine.is_alive():
+        try:
+            stats = await server.engine.call(lambda e: e.stats(),
+                                             timeout=server.settings.stats_timeout_s)
+        except Exception:  # an old snapshot beats no answer
+            log.warning("engine stats unavailable; serving the previous snapshot")
+    return Response(server.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+
+
+async def reset_prefix_cache(request: Request) -> JSONResponse:
+    server = _server(request)
+    principal = _principal(request)
+    server.settings.auth.require_admin(principal)
+    if server.cross_site_checks:
+        check_origin(request, server.settings.allowed_hosts)
+    report = await server.engine.call(lambda e: e.reset_prefix_cache())
+    log.info("prefix cache reset by tenant %s: dropped %d pages, kept %d in use",
+             principal.tenant, report.dropped_pages, report.kept_in_use_pages)
+    return JSONResponse({"status": "ok", "dropped_pages": report.dropped_pages,
+                         "kept_in_use_pages": report.kept_in_use_pages})
+
+
+_ROUTES = (("GET", "/health", health), ("GET", "/v1/models", models),
+           ("POST", "/v1/completions", completions),
+           ("POST", "/v1/chat/completions", chat_completions),
+           ("GET", "/metrics", prometheus_metrics),
+           ("POST", "/reset_prefix_cache", reset_prefix_cache))
