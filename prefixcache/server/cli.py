@@ -130,8 +130,11 @@ def run(args: argparse.Namespace) -> int:
     from prefixcache.server.auth import KeyFileError
     from prefixcache.server.http_server import serve
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from prefixcache.server.logsafe import SafeFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         app = build_app(args)
     except (ValueError, KeyFileError, FileNotFoundError) as exc:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
+import logging
 import threading
 
 import pytest
@@ -15,7 +17,7 @@ from prefixcache.server import bodies
 from prefixcache.server.auth import KeyFileError, load_key_file
 from prefixcache.server.crosssite import default_allowed_hosts, host_name, is_json_type
 from prefixcache.server.drain import Drain, ShuttingDown
-from prefixcache.server.logsafe import clean, name_list
+from prefixcache.server.logsafe import MAX_MESSAGE_CHARS, SafeFormatter, clean, name_list
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -61,6 +63,34 @@ def test_name_list_bounds_the_names():
     long = name_list([f"n{i}" + "z" * 500 for i in range(1000)])
     assert long.endswith("(+992 more)") and long.count(", ") == 7
     assert len(long) <= 8 * 67 + 7 * 2 + 12
+
+
+def test_safe_formatter_keeps_each_record_on_its_own_lines():
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("test-safe-formatter")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("path %s", "/x\nERROR forged: \x1b[2J\r")
+        try:
+            raise ValueError("bad\nERROR forged too")
+        except ValueError:
+            logger.exception("failed on %s", "/y")
+        logger.warning("%s", "z" * (MAX_MESSAGE_CHARS + 500))
+    finally:
+        logger.removeHandler(handler)
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "WARNING test-safe-formatter: path /x\\nERROR forged: \\x1b[2J\\r"
+    assert lines[1] == "ERROR test-safe-formatter: failed on /y"
+    assert lines[2] == "    Traceback (most recent call last):"
+    assert "    ERROR forged too" in lines             # indented: not a record of its own
+    records = [ln for ln in lines if not ln.startswith(" ")]
+    assert [r.split()[0] for r in records] == ["WARNING", "ERROR", "WARNING"]
+    assert records[-1].endswith("... (+500 chars)")
+    assert len(records[-1]) < MAX_MESSAGE_CHARS + 100
+    assert "\x1b" not in buf.getvalue()
 
 
 # -- key files ---------------------------------------------------------------------------
