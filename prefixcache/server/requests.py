@@ -53,7 +53,7 @@ class RequestPreparer:
     async def completion(self, req: CompletionRequest, arrival: float) -> Prepared:
         """A ``/v1/completions`` request, ready for the engine. Raises APIError."""
         model = self._common(req, "completions")
-        params = self._sampling_params(req, chat=False)
+        params = self._sampling_params(req)
         p = req.prompt
         if isinstance(p, str):
             raw: list[str | list[int]] = [p]
@@ -92,7 +92,7 @@ class RequestPreparer:
         rename = {"logprobs": "top_logprobs", "prompt": "messages"}
         if req.max_completion_tokens is not None:
             rename["max_tokens"] = "max_completion_tokens"
-        params = self._sampling_params(req, chat=True, rename=rename)
+        params = self._sampling_params(req, rename=rename)
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer, so no chat template", "messages")
         messages = message_dicts(req)
@@ -134,7 +134,7 @@ class RequestPreparer:
     def _stream_opts(req: CompletionRequest | ChatCompletionRequest) -> tuple[bool, bool]:
         so = req.stream_options
         include = bool(so and so.include_usage)
-        return include, bool(include and so.continuous_usage_stats)
+        return include, bool(include and so is not None and so.continuous_usage_stats)
 
     def _validate(self, ids: list[int], params: SamplingParams, rename: dict[str, str]) -> None:
         try:
@@ -142,11 +142,11 @@ class RequestPreparer:
         except ParamError as exc:
             raise param_error(exc, rename) from None
 
-    def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, *, chat: bool,
+    def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, *,
                          rename: dict[str, str] | None = None) -> SamplingParams:
         if req.seed is not None and not SEED_RANGE[0] <= req.seed <= SEED_RANGE[1]:
             raise bad_request("seed must fit in 64 bits", "seed")
-        if chat:
+        if isinstance(req, ChatCompletionRequest):
             max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
                           else req.max_tokens)
             logprobs = (req.top_logprobs or 0) if req.logprobs else None

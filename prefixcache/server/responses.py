@@ -124,7 +124,7 @@ class ResponseRenderer:
             raise EngineFailure(out.error or "the engine failed this request")
         chat, first = prep.kind == "chat", idx not in sent
         n0, t0 = sent.get(idx, (0, 0))
-        hold = max((len(s) for s in prep.params.stop), default=1) - 1
+        hold = max((len(s) for s in prep.params.stop or ()), default=1) - 1
         text = comp.text
         visible = text if out.finished or hold == 0 else text[:max(t0, len(text) - hold)]
         delta, new_ids = visible[t0:], comp.token_ids[n0:]

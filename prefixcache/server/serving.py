@@ -174,7 +174,7 @@ class OpenAIServing:
     async def _collect(updates: AsyncIterator[dict[int, RequestOutput]]
                        ) -> dict[int, RequestOutput]:
         finals: dict[int, RequestOutput] = {}
-        async with aclosing(updates) as it:
+        async with aclosing(updates) as it:  # type: ignore[type-var]
             async for latest in it:
                 finals.update(latest)
         for out in finals.values():
