@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_BYTES = 4096        # all stop strings together, UTF-8 bytes
+MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGPROBS = 20
 
 
@@ -35,8 +37,14 @@ class SamplingParams:
         max_tokens: most tokens to generate (>= 1); ``None`` means up to the context length.
         min_tokens: generate at least this many tokens before EOS or stop ids count.
         stop: strings that end generation; not included in the output text unless
-            ``include_stop_str_in_output``.
-        stop_token_ids: token ids that end generation (besides EOS).
+            ``include_stop_str_in_output``. Deduplicated (first occurrence kept); at most
+            :data:`MAX_STOP_STRINGS` distinct strings of :data:`MAX_STOP_BYTES` UTF-8 bytes
+            in all.
+        stop_token_ids: token ids that end generation (besides EOS). Deduplicated (first
+            occurrence kept); at most :data:`MAX_STOP_TOKEN_IDS` distinct ids.
+
+    Raises:
+        ParamError: a field is invalid; ``param`` names it.
         ignore_eos: keep generating after the EOS token.
         logprobs: return the log-probability of each generated token and of its top
             ``logprobs`` alternatives (vLLM format), ``None`` for none.
@@ -68,8 +76,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        _check(all(isinstance(s, str) and s for s in self.stop or []), "stop",
+               "stop strings must be non-empty strings")
+        self.stop = list(dict.fromkeys(self.stop or []))
+        _check(all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                   for t in self.stop_token_ids or []),
+               "stop_token_ids", "must be non-negative integers")
+        self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
         _check(self.n == 1, "n", f"only n=1 is supported, got {self.n}")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
@@ -86,11 +99,14 @@ class SamplingParams:
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         _check(len(self.stop) <= MAX_STOP_STRINGS, "stop",
-               f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop",
-               "stop strings must be non-empty strings")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-               "stop_token_ids", "must be non-negative integers")
+               f"at most {MAX_STOP_STRINGS} distinct stop strings, got {len(self.stop)}")
+        stop_bytes = sum(len(s.encode("utf-8")) for s in self.stop)
+        _check(stop_bytes <= MAX_STOP_BYTES, "stop",
+               f"stop strings may hold at most {MAX_STOP_BYTES} UTF-8 bytes in all, "
+               f"got {stop_bytes}")
+        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+               f"at most {MAX_STOP_TOKEN_IDS} distinct stop token ids, "
+               f"got {len(self.stop_token_ids)}")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
                f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,

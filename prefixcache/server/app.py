@@ -5,17 +5,25 @@ Routes:
     ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus),
     ``POST /reset_prefix_cache`` (admin).
 
+Routes and exception handlers are module-level functions; what they share is
+``request.app.state.server``, built once by :func:`create_app`.
+
 Every error is an OpenAI error object (see :mod:`.errors`): invalid JSON, wrong types,
 missing fields and invalid values get 400 naming the field (FastAPI's 422 is never
 used), a missing or unknown API key 401, a non-admin caller of an admin endpoint 403,
 an unknown model 404 (``code: model_not_found``), an unknown route 404, a body over the
-size limit 413, a full waiting queue 429 with ``Retry-After``.
+size limit 413, a full waiting queue 429 with ``Retry-After``, a server that is shutting
+down 503 (``code: server_shutting_down``). Without a key file, the cross-site checks of
+:mod:`.crosssite` add 415 (not JSON), 403 (foreign ``Origin`` on an admin endpoint) and
+421 (``Host`` not allowed). A client that disconnects while its body is read gets no
+answer and is not counted as an error.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,19 +32,23 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from prefixcache.server.async_engine import AsyncEngine
 from prefixcache.server.auth import Authenticator, Principal
+from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
+from prefixcache.server.crosssite import HostGuard, check_origin, require_json
+from prefixcache.server.drain import DEFAULT_GRACE_S, Drain
 from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
+from prefixcache.server.logsafe import clean
 from prefixcache.server.metrics import ServerMetrics
-from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.serving import OpenAIServing
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "ServerSettings", "create_app"]
 
 
 @dataclass
@@ -50,6 +62,8 @@ class ServerSettings:
         max_body_bytes: largest request body accepted (413 beyond).
         stats_timeout_s: how long ``/metrics`` waits for the engine thread before it
             answers with the previous engine snapshot.
+        allowed_hosts: ``Host`` names answered (421 for others); ``None``: any.
+        shutdown_grace_s: how long running requests may continue after SIGTERM, seconds.
     """
 
     model_names: list[str]
@@ -57,6 +71,26 @@ class ServerSettings:
     auth: Authenticator = field(default_factory=Authenticator)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     stats_timeout_s: float = 10.0
+    allowed_hosts: list[str] | None = None
+    shutdown_grace_s: float = DEFAULT_GRACE_S
+
+
+@dataclass
+class _Server:
+    """Everything the routes read, as ``request.app.state.server``."""
+
+    settings: ServerSettings
+    engine: AsyncEngine
+    serving: OpenAIServing
+    metrics: ServerMetrics
+    drain: Drain
+    parse_pool: ThreadPoolExecutor      # large bodies are parsed here (see .bodies)
+    max_model_len: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def cross_site_checks(self) -> bool:
+        return not self.settings.auth.enabled
 
 
 def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
@@ -64,130 +98,167 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     lifespan and stops with it."""
     metrics = ServerMetrics(settings.auth.tenants if settings.auth.enabled else None)
     aengine = AsyncEngine(engine, on_output=metrics.observe_output, on_step=metrics.observe_step)
+    drain = Drain(settings.shutdown_grace_s)
     serving = OpenAIServing(aengine, tokenizer=engine.tokenizer, model_names=settings.model_names,
-                            validate=engine.validate)
-    auth = settings.auth
-    created = int(time.time())
-    max_model_len = engine.max_model_len
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        aengine.start()
-        try:
-            yield
-        finally:
-            await asyncio.to_thread(aengine.shutdown)
-
-    app = FastAPI(title="prefixcache", lifespan=lifespan, docs_url=None, redoc_url=None)
+                            validate=engine.validate, drain=drain,
+                            max_prompts_queued=getattr(getattr(engine, "config", None),
+                                                       "max_waiting_requests", None))
+    server = _Server(settings, aengine, serving, metrics, drain,
+                     ThreadPoolExecutor(1, thread_name_prefix="prefixcache-parse"),
+                     engine.max_model_len)
+    app = FastAPI(title="prefixcache", lifespan=_lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
     app.state.engine = aengine
     app.state.metrics = metrics
     app.state.settings = settings
-
-    def principal_of(request: Request) -> Principal:
-        return auth.authenticate(request.headers.get("authorization"))
-
-    async def read_body(request: Request) -> bytes:
-        limit = settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                raise APIError(400, "invalid Content-Length header") from None
-            if size > limit:
-                raise _too_large(size, limit)
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise _too_large(total, limit)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    # -- error mapping -----------------------------------------------------------------
-    def error_response(status: int, body: dict, headers: dict | None = None) -> JSONResponse:
-        metrics.reject(status)
-        return JSONResponse(body, status_code=status, headers=headers)
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.body(), exc.headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        msg = {404: f"no route {request.method} {request.url.path}",
-               405: f"method {request.method} is not allowed on {request.url.path}"
-               }.get(exc.status_code, str(exc.detail))
-        return error_response(exc.status_code, error_body(msg, code=str(exc.status_code)),
-                              getattr(exc, "headers", None))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errs = exc.errors()
-        param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
-        return error_response(400, error_body(str(errs[0]["msg"]) if errs else "invalid request",
-                                              param=param or None))
-
-    @app.exception_handler(Exception)
-    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, error_body(f"internal server error: {type(exc).__name__}",
-                                              type=SERVER_ERROR))
-
-    # -- routes ------------------------------------------------------------------------
-    @app.get("/health")
-    async def health() -> Response:
-        if not aengine.is_alive():
-            return error_response(503, error_body("the engine thread is not running",
-                                                  type=SERVER_ERROR, code="engine_unavailable"))
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> JSONResponse:
-        principal_of(request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "prefixcache",
-             "root": settings.model_root or name, "parent": None,
-             "max_model_len": max_model_len}
-            for name in settings.model_names]})
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        arrival = time.perf_counter()
-        principal = principal_of(request)
-        req = parse_body(CompletionRequest, await read_body(request))
-        return await serving.completions(req, principal, request, arrival)  # type: ignore[arg-type]
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        arrival = time.perf_counter()
-        principal = principal_of(request)
-        req = parse_body(ChatCompletionRequest, await read_body(request))
-        return await serving.chat(req, principal, request, arrival)  # type: ignore[arg-type]
-
-    @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
-        stats = None
-        if aengine.is_alive():
-            try:
-                stats = await aengine.call(lambda e: e.stats(), timeout=settings.stats_timeout_s)
-            except Exception:  # an old snapshot beats no answer
-                log.warning("engine stats unavailable; serving the previous snapshot")
-        return Response(metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
-
-    @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache(request: Request) -> JSONResponse:
-        principal = principal_of(request)
-        auth.require_admin(principal)
-        report = await aengine.call(lambda e: e.reset_prefix_cache())
-        log.info("prefix cache reset by tenant %s: dropped %d pages, kept %d in use",
-                 principal.tenant, report.dropped_pages, report.kept_in_use_pages)
-        return JSONResponse({"status": "ok", "dropped_pages": report.dropped_pages,
-                             "kept_in_use_pages": report.kept_in_use_pages})
-
+    app.state.drain = drain
+    if settings.allowed_hosts is not None:
+        app.add_middleware(HostGuard, allowed=settings.allowed_hosts, on_reject=metrics.reject)
+    for exc_type, handler in _HANDLERS:
+        app.add_exception_handler(exc_type, handler)
+    for method, path, route in _ROUTES:
+        app.add_api_route(path, route, methods=[method])
     return app
 
 
-def _too_large(size: int, limit: int) -> APIError:
-    return APIError(413, f"the request body ({size} bytes) exceeds the limit of {limit} "
-                    "bytes", code="request_too_large")
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    server: _Server = app.state.server
+    server.drain.bind(asyncio.get_running_loop())
+    server.engine.start()
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(server.engine.shutdown)
+        server.parse_pool.shutdown(wait=False)
+
+
+def _server(request: Request) -> _Server:
+    return request.app.state.server
+
+
+def _principal(request: Request) -> Principal:
+    return _server(request).settings.auth.authenticate(request.headers.get("authorization"))
+
+
+async def _json_body(request: Request, model: type) -> Any:
+    server = _server(request)
+    if server.cross_site_checks:
+        require_json(request)
+    raw = await read_body(request, server.settings.max_body_bytes)
+    return await parse_json(model, raw, server.parse_pool)
+
+
+# -- error mapping -------------------------------------------------------------------------
+def _error_response(request: Request, status: int, body: dict,
+                    headers: dict | None = None) -> JSONResponse:
+    _server(request).metrics.reject(status)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return _error_response(request, exc.status, exc.body(), exc.headers)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # Nobody reads this answer, and it is no error of the server's: not counted.
+    log.debug("client disconnected while sending %s %s", request.method,
+              clean(request.url.path))
+    return Response(status_code=499)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    msg = {404: f"no route {request.method} {request.url.path}",
+           405: f"method {request.method} is not allowed on {request.url.path}"
+           }.get(exc.status_code, str(exc.detail))
+    return _error_response(request, exc.status_code, error_body(msg, code=str(exc.status_code)),
+                           getattr(exc, "headers", None))
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    errs = exc.errors()
+    param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
+    return _error_response(request, 400, error_body(
+        str(errs[0]["msg"]) if errs else "invalid request", param=param or None))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, clean(request.url.path))
+    return _error_response(request, 500, error_body(
+        f"internal server error: {type(exc).__name__}", type=SERVER_ERROR))
+
+
+_HANDLERS = ((APIError, _api_error), (ClientDisconnect, _client_gone),
+             (StarletteHTTPException, _http_error), (RequestValidationError, _validation_error),
+             (Exception, _internal_error))
+
+
+# -- routes --------------------------------------------------------------------------------
+async def health(request: Request) -> Response:
+    server = _server(request)
+    if not server.engine.is_alive():
+        return _error_response(request, 503, error_body(
+            "the engine thread is not running", type=SERVER_ERROR, code="engine_unavailable"))
+    if server.drain.draining:
+        return _error_response(request, 503, error_body(
+            "the server is shutting down", type=SERVER_ERROR, code="server_shutting_down"))
+    return JSONResponse({"status": "ok"})
+
+
+async def models(request: Request) -> JSONResponse:
+    _principal(request)
+    server = _server(request)
+    s = server.settings
+    return JSONResponse({"object": "list", "data": [
+        {"id": name, "object": "model", "created": server.created, "owned_by": "prefixcache",
+         "root": s.model_root or name, "parent": None, "max_model_len": server.max_model_len}
+        for name in s.model_names]})
+
+
+async def completions(request: Request) -> Response:
+    arrival = time.perf_counter()
+    principal = _principal(request)
+    req = await _json_body(request, CompletionRequest)
+    return await _server(request).serving.completions(req, principal, request, arrival)
+
+
+async def chat_completions(request: Request) -> Response:
+    arrival = time.perf_counter()
+    principal = _principal(request)
+    req = await _json_body(request, ChatCompletionRequest)
+    return await _server(request).serving.chat(req, principal, request, arrival)
+
+
+async def prometheus_metrics(request: Request) -> Response:
+    server = _server(request)
+    stats = None
+    if server.engine.is_alive():
+        try:
+            stats = await server.engine.call(lambda e: e.stats(),
+                                             timeout=server.settings.stats_timeout_s)
+        except Exception:  # an old snapshot beats no answer
+            log.warning("engine stats unavailable; serving the previous snapshot")
+    return Response(server.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+
+
+async def reset_prefix_cache(request: Request) -> JSONResponse:
+    server = _server(request)
+    principal = _principal(request)
+    server.settings.auth.require_admin(principal)
+    if server.cross_site_checks:
+        check_origin(request, server.settings.allowed_hosts)
+    report = await server.engine.call(lambda e: e.reset_prefix_cache())
+    log.info("prefix cache reset by tenant %s: dropped %d pages, kept %d in use",
+             principal.tenant, report.dropped_pages, report.kept_in_use_pages)
+    return JSONResponse({"status": "ok", "dropped_pages": report.dropped_pages,
+                         "kept_in_use_pages": report.kept_in_use_pages})
+
+
+_ROUTES = (("GET", "/health", health), ("GET", "/v1/models", models),
+           ("POST", "/v1/completions", completions),
+           ("POST", "/v1/chat/completions", chat_completions),
+           ("GET", "/metrics", prometheus_metrics),
+           ("POST", "/reset_prefix_cache", reset_prefix_cache))

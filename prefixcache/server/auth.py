@@ -15,6 +15,10 @@ Without a key file the server is single-tenant: no key is needed, the tenant is
 ``None``, and the admin endpoint ``POST /reset_prefix_cache`` answers 403 unless the
 server was started with ``--allow-reset``.
 
+A key file that lists one key twice (with the same tenant or another one) is refused at
+start. Error messages name a key by its position in the file (``key #3``), never by its
+text, so a start-up log never reveals a key.
+
 Keys are looked up by their SHA-256 digest, so lookup time does not depend on how much
 of a guessed key is right, and the key file's contents are not kept in memory.
 """
@@ -108,13 +112,49 @@ def _unauthorized(message: str) -> APIError:
                     headers={"WWW-Authenticate": "Bearer"})
 
 
+class _Parsed(dict):
+    """A JSON object as parsed, with its ``(name, value)`` pairs in file order (a plain
+    dict keeps only the last of two equal names)."""
+
+    pairs: list[tuple[str, object]]
+
+
+def _keep_pairs(pairs: list[tuple[str, object]]) -> _Parsed:
+    d = _Parsed(pairs)
+    d.pairs = pairs
+    return d
+
+
+def _check_duplicates(keys: Mapping) -> None:
+    """Raises KeyFileError when a parsed key file names a key twice, or an entry names a
+    field twice (positions are 1-based, in file order)."""
+    pairs = getattr(keys, "pairs", None)
+    if pairs is None:
+        return
+    first: dict[str, tuple[int, object]] = {}
+    for pos, (key, entry) in enumerate(pairs, 1):
+        if key in first:
+            where, prev = first[key]
+            tenants = {e.get("tenant") if isinstance(e, Mapping) else None
+                       for e in (prev, entry)}
+            what = " to another tenant" if len(tenants) > 1 else ""
+            raise KeyFileError(f"key #{pos} repeats key #{where}{what}; each key must be "
+                               "listed once")
+        first[key] = (pos, entry)
+        fields = [name for name, _ in getattr(entry, "pairs", [])]
+        if len(fields) != len(set(fields)):
+            raise KeyFileError(f"key #{pos}: a field is listed twice in its entry")
+
+
 def validate_keys(keys: Mapping) -> dict[str, dict]:
-    """Check the key mapping's shape; returns it normalised. Raises KeyFileError."""
+    """Check the key mapping's shape; returns it normalised. Raises KeyFileError, whose
+    message names a key by its 1-based position, never by its text."""
     if not isinstance(keys, Mapping):
         raise KeyFileError("the API-key file must hold a JSON object {key: {tenant, admin}}")
+    _check_duplicates(keys)
     out = {}
-    for key, entry in keys.items():
-        where = f"key {key[:4]}...: " if isinstance(key, str) and len(key) > 4 else "a key: "
+    for pos, (key, entry) in enumerate(keys.items(), 1):
+        where = f"key #{pos}: "
         if not isinstance(key, str) or not key.strip() or key != key.strip() or " " in key:
             raise KeyFileError(f"{where}keys must be non-empty strings without spaces")
         if not isinstance(entry, Mapping):
@@ -138,7 +178,7 @@ def validate_keys(keys: Mapping) -> dict[str, dict]:
 def load_key_file(path: str | Path) -> dict[str, dict]:
     """Read and validate a key file. Raises KeyFileError."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(), object_pairs_hook=_keep_pairs)
     except FileNotFoundError:
         raise KeyFileError(f"API-key file not found: {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

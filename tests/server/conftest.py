@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.server.live import KEYS, LiveServer
+from tests.server.live import HEADER_TIMEOUT_S, KEYS, LiveServer
 
 
 def _start(tmp_path_factory, name: str, args: list[str]) -> LiveServer:
@@ -20,7 +20,8 @@ def _live_servers(tmp_path_factory):
     keys.write_text(json.dumps(KEYS))
     servers = {
         "server": _start(tmp_path_factory, "server", [
-            "--served-model-name", "tiny", "builtin:tiny", "--allow-reset"]),
+            "--served-model-name", "tiny", "builtin:tiny", "--allow-reset",
+            "--header-timeout-s", str(HEADER_TIMEOUT_S)]),
         "tenant_server": _start(tmp_path_factory, "tenants", [
             "--served-model-name", "tiny", "--api-keys", str(keys),
             "--max-num-seqs", "2", "--max-waiting-requests", "2"]),
@@ -37,7 +38,7 @@ def _live_servers(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(_live_servers) -> LiveServer:
     """Single tenant (no key file), ``--allow-reset``, served as ``tiny`` and
-    ``builtin:tiny``."""
+    ``builtin:tiny``, ``--header-timeout-s`` :data:`~tests.server.live.HEADER_TIMEOUT_S`."""
     return _live_servers["server"]
 
 

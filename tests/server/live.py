@@ -3,7 +3,7 @@
 Two session-scoped servers run ``builtin:tiny`` (random weights, loads instantly):
 
 * ``server``: single-tenant (no key file), ``--allow-reset``, served as ``tiny`` and
-  ``builtin:tiny``;
+  ``builtin:tiny``, a short ``--header-timeout-s``;
 * ``tenant_server``: ``--api-keys`` with tenants ``alice``, ``bob`` and an admin key, and
   a small queue (``--max-num-seqs 2 --max-waiting-requests 2``) for the 429 test.
 
@@ -26,6 +26,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 16
+HEADER_TIMEOUT_S = 2.0  # the single-tenant server's --header-timeout-s
 KEYS = {
     "sk-alice": {"tenant": "alice", "admin": False},
     "sk-alice-2": {"tenant": "alice", "admin": False},
@@ -73,6 +74,15 @@ class LiveServer:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log_size(self) -> int:
+        """Bytes the server has logged so far (read the new ones with :meth:`log_since`)."""
+        return self.log_path.stat().st_size
+
+    def log_since(self, offset: int) -> bytes:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read()
 
     def log(self) -> str:
         try:

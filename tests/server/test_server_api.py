@@ -47,7 +47,8 @@ def test_completion_cached_tokens_first_vs_repeat(client):
                                       temperature=0, extra_body=IGNORE_EOS)
     _check_usage(again.usage, 4)
     assert again.usage.prompt_tokens == first.usage.prompt_tokens
-    assert again.usage.prompt_tokens_details.cached_tokens == expected_hit(first.usage.prompt_tokens)
+    assert (again.usage.prompt_tokens_details.cached_tokens
+            == expected_hit(first.usage.prompt_tokens))
     assert again.usage.prompt_tokens_details.cached_tokens > 0
 
 
@@ -193,7 +194,8 @@ def test_async_client_concurrent_requests_are_batched(server):
     tokens = sum(u.completion_tokens for u in usages)
     assert steps < tokens / 2, f"{steps} steps for {tokens} tokens: not batched"
     width_sum = (after["engine_step_batch_requests_sum"] - before["engine_step_batch_requests_sum"])
-    width_n = (after["engine_step_batch_requests_count"] - before["engine_step_batch_requests_count"])
+    width_n = (after["engine_step_batch_requests_count"]
+               - before["engine_step_batch_requests_count"])
     assert width_sum / width_n > 2
 
 

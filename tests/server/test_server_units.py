@@ -207,10 +207,9 @@ def _stream_text(chunks: list[str]) -> str:
 
 def test_stream_holds_back_a_possible_stop_string():
     from prefixcache.sampling_params import SamplingParams
-    from prefixcache.server.serving import OpenAIServing, Prepared
+    from prefixcache.server.responses import Prepared, ResponseRenderer
 
-    serving = OpenAIServing(None, tokenizer=None, model_names=["m"],  # type: ignore[arg-type]
-                            validate=lambda ids, p: None)
+    render = ResponseRenderer(tokenizer=None)
     params = SamplingParams(stop=["END"], max_tokens=10)
     prep = Prepared("completions", "cmpl-1", "m", [([1, 2], None)], params, True, True, False,
                     False, None, None, 0.0)
@@ -225,7 +224,7 @@ def test_stream_holds_back_a_possible_stop_string():
             yield {0: o}
 
     async def main():
-        return [c async for c in serving._stream(prep, updates())]
+        return [c async for c in render.stream(prep, updates())]
 
     chunks = asyncio.run(main())
     assert _stream_text(chunks) == "hello "

@@ -1,0 +1,187 @@
+"""OpenAI request bodies -> :class:`~.responses.Prepared` requests for the engine.
+
+Checks the model name and the features prefixcache does not implement, turns the
+OpenAI fields into :class:`SamplingParams` (validated there, where the request enters
+the engine; a :class:`ParamError` becomes a 400 naming the OpenAI field), and
+tokenizes prompts or renders the chat template off the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from prefixcache.sampling_params import ParamError, SamplingParams
+from prefixcache.server.errors import APIError, bad_request
+from prefixcache.server.logsafe import name_list
+from prefixcache.server.protocol import (ChatCompletionRequest, CompletionRequest,
+                                         check_unsupported, ignored_fields, message_dicts)
+from prefixcache.server.responses import Prepared
+
+log = logging.getLogger(__name__)
+
+MAX_PROMPTS_PER_REQUEST = 256
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+
+
+class RequestPreparer:
+    """Validates OpenAI requests and tokenizes their prompts.
+
+    Args:
+        tokenizer: the model's tokenizer (``None``: token-id prompts only).
+        model_names: the names clients may send as ``model`` (first is reported).
+        validate: ``LLMEngine.validate`` (pure: reads the vocabulary and context length).
+    """
+
+    def __init__(self, *, tokenizer: Any, model_names: list[str],
+                 validate: Callable[[list[int], SamplingParams], None]):
+        self.tokenizer = tokenizer
+        self.model_names = list(model_names)
+        self.validate = validate
+        # Tokenization and chat templates run off the event loop, one at a time (Hugging
+        # Face fast tokenizers must not be entered by two threads at once).
+        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="prefixcache-tokenize")
+
+    async def _off_loop(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn)
+
+    # -- entry points ------------------------------------------------------------------
+    async def completion(self, req: CompletionRequest, arrival: float) -> Prepared:
+        """A ``/v1/completions`` request, ready for the engine. Raises APIError."""
+        model = self._common(req, "completions")
+        params = self._sampling_params(req)
+        p = req.prompt
+        if isinstance(p, str):
+            raw: list[str | list[int]] = [p]
+        elif not p:
+            raise bad_request("prompt must not be empty", "prompt")
+        elif isinstance(p[0], int):
+            raw = [p]  # type: ignore[list-item]
+        else:
+            raw = list(p)  # type: ignore[arg-type]
+        if len(raw) > MAX_PROMPTS_PER_REQUEST:
+            raise bad_request(f"at most {MAX_PROMPTS_PER_REQUEST} prompts per request",
+                              "prompt")
+        if any(len(x) == 0 for x in raw):
+            raise bad_request("prompt must not be empty", "prompt")
+        if self.tokenizer is None and any(isinstance(x, str) for x in raw):
+            raise bad_request("this model has no tokenizer; send token ids", "prompt")
+        add_special = req.add_special_tokens is not False
+
+        def encode() -> list[tuple[list[int], str | None]]:
+            return [(self.tokenizer.encode(x, add_special_tokens=add_special), x)
+                    if isinstance(x, str) else (list(x), None) for x in raw]
+
+        prompts = await self._off_loop(encode)
+        for ids, _ in prompts:
+            self._validate(ids, params, {})
+        if req.echo and self.tokenizer is not None:
+            prompts = [(ids, text if text is not None else self.tokenizer.decode(ids))
+                       for ids, text in prompts]
+        return Prepared("completions", f"cmpl-{uuid.uuid4().hex}", model, prompts, params,
+                        bool(req.stream), *self._stream_opts(req), bool(req.echo),
+                        req.logprobs, req.cache_salt, arrival)
+
+    async def chat(self, req: ChatCompletionRequest, arrival: float) -> Prepared:
+        """A ``/v1/chat/completions`` request, ready for the engine. Raises APIError."""
+        model = self._common(req, "chat")
+        rename = {"logprobs": "top_logprobs", "prompt": "messages"}
+        if req.max_completion_tokens is not None:
+            rename["max_tokens"] = "max_completion_tokens"
+        params = self._sampling_params(req, rename=rename)
+        if self.tokenizer is None:
+            raise bad_request("this model has no tokenizer, so no chat template", "messages")
+        messages = message_dicts(req)
+        add_gen = req.add_generation_prompt is not False
+
+        def render() -> list[int]:
+            return self.tokenizer.apply_chat_template(messages, tools=req.tools,
+                                                      add_generation_prompt=add_gen)
+        try:
+            ids = await self._off_loop(render)
+        except ValueError as exc:
+            raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
+        self._validate(ids, params, rename)
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        return Prepared("chat", f"chatcmpl-{uuid.uuid4().hex}", model, [(ids, None)], params,
+                        bool(req.stream), *self._stream_opts(req), False, top,
+                        req.cache_salt, arrival)
+
+    # -- checks ----------------------------------------------------------------------------
+    def _check_model(self, model: str | None) -> str:
+        if model is None:
+            return self.model_names[0]
+        if model not in self.model_names:
+            raise APIError(404, f"The model `{model}` does not exist. Served: "
+                           f"{', '.join(self.model_names)}", param="model",
+                           code="model_not_found")
+        return model
+
+    def _common(self, req: CompletionRequest | ChatCompletionRequest, kind: str) -> str:
+        model = self._check_model(req.model)
+        check_unsupported(req)
+        ignored = ignored_fields(req, kind)
+        if ignored:
+            log.warning("ignoring request fields not used by prefixcache: %s",
+                        name_list(ignored))
+        return model
+
+    @staticmethod
+    def _stream_opts(req: CompletionRequest | ChatCompletionRequest) -> tuple[bool, bool]:
+        so = req.stream_options
+        include = bool(so and so.include_usage)
+        return include, bool(include and so is not None and so.continuous_usage_stats)
+
+    def _validate(self, ids: list[int], params: SamplingParams, rename: dict[str, str]) -> None:
+        try:
+            self.validate(ids, params)
+        except ParamError as exc:
+            raise param_error(exc, rename) from None
+
+    def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, *,
+                         rename: dict[str, str] | None = None) -> SamplingParams:
+        if req.seed is not None and not SEED_RANGE[0] <= req.seed <= SEED_RANGE[1]:
+            raise bad_request("seed must fit in 64 bits", "seed")
+        if isinstance(req, ChatCompletionRequest):
+            max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
+                          else req.max_tokens)
+            logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            max_tokens, logprobs = req.max_tokens, req.logprobs
+        kw: dict[str, Any] = dict(
+            n=1 if req.n is None else req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=0 if req.top_k is None else req.top_k,
+            min_p=0.0 if req.min_p is None else req.min_p,
+            seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens or 0,
+            stop=req.stop, stop_token_ids=req.stop_token_ids,
+            ignore_eos=bool(req.ignore_eos), logprobs=logprobs,
+            skip_special_tokens=req.skip_special_tokens is not False,
+            include_stop_str_in_output=bool(req.include_stop_str_in_output),
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty)
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            if not math.isfinite(kw[name]):
+                raise bad_request(f"{name} must be a finite number", name)
+        try:
+            return SamplingParams(**kw)
+        except ParamError as exc:
+            raise param_error(exc, rename or {}) from None
+
+
+def param_error(exc: ParamError, rename: dict[str, str]) -> APIError:
+    """The 400 answer to ``exc``, its parameter renamed by ``rename`` (engine name ->
+    OpenAI field of this endpoint)."""
+    param = rename.get(exc.param, exc.param)
+    msg = str(exc)
+    if param != exc.param and msg.startswith(exc.param):
+        msg = param + msg[len(exc.param):]
+    return bad_request(msg, param)
+
