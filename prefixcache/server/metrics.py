@@ -151,7 +151,7 @@ class ServerMetrics:
         o = st.obs
         m = out.metrics
         tenant = st.spec.tenant
-        n = len(out.outputs[0].token_ids) if out.outputs else 0
+        n = out.outputs[0].num_tokens if out.outputs else 0
         if n > 0 and not o.get("counted"):
             o["counted"] = True
             self._t(self.queries, tenant).inc(len(out.prompt_token_ids))
@@ -180,7 +180,7 @@ class ServerMetrics:
     def observe_step(self, outputs: list[RequestOutput]) -> None:
         """One engine step's outputs: the number that carry a new token."""
         width = sum(1 for out in outputs
-                    if out.outputs and out.outputs[0].token_ids and
+                    if out.outputs and out.outputs[0].num_tokens and
                     out.outputs[0].finish_reason not in ("abort", "error"))
         if width:
             self.batch.observe(width)

@@ -127,10 +127,10 @@ class ResponseRenderer:
         hold = max((len(s) for s in prep.params.stop or ()), default=1) - 1
         text = comp.text
         visible = text if out.finished or hold == 0 else text[:max(t0, len(text) - hold)]
-        delta, new_ids = visible[t0:], comp.token_ids[n0:]
+        delta, new_ids = visible[t0:], comp.token_ids_from(n0)
         if not new_ids and not delta and not out.finished:
             return []
-        sent[idx] = (len(comp.token_ids), max(t0, len(visible)))
+        sent[idx] = (comp.num_tokens, max(t0, len(visible)))
         usage = _usage([out]) if prep.continuous_usage else None
         chunks = []
         if chat and first:  # the role chunk carries no token yet
@@ -140,8 +140,8 @@ class ResponseRenderer:
                 "index": idx, "delta": {"role": "assistant", "content": ""},
                 "logprobs": None, "finish_reason": None}, role_usage))
         lp = None
-        if prep.logprobs is not None and comp.logprobs is not None:
-            new_lps = comp.logprobs[n0:]
+        new_lps = comp.logprobs_from(n0) if prep.logprobs is not None else None
+        if new_lps is not None:
             lp = (self._chat_logprobs(new_ids, new_lps, prep.logprobs) if chat
                   else self._completion_logprobs(new_ids, new_lps, t0))
         finish = comp.finish_reason if out.finished else None
