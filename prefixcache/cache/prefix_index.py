@@ -13,9 +13,7 @@ when every entry on its parent chain is still indexed (:meth:`PrefixIndex.reacha
 """
 from __future__ import annotations
 
-from typing import Union
-
-ParentRef = Union[bytes, int]  # root key (page 0) or the parent's entry id
+ParentRef = bytes | int  # root key (page 0) or the parent's entry id
 PageKey = tuple  # (parent_ref, token_bytes, extra_bytes)
 
 

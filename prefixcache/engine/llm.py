@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from prefixcache.config import EngineConfig
 from prefixcache.engine.engine import LLMEngine

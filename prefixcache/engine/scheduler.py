@@ -32,8 +32,8 @@ takes over by computing the page itself).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.page_table import PageTable

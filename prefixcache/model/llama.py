@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from prefixcache.model.attention import paged_attention, plan_attention
-from prefixcache.model.packed_linear import PackedLinear
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kv_pool import KVPool
+from prefixcache.model.packed_linear import PackedLinear
 from prefixcache.model.rope import RotaryEmbedding, apply_rope
 
 

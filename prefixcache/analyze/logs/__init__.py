@@ -14,8 +14,7 @@ import json
 from pathlib import Path
 
 from prefixcache.analyze.logs.conversations import load_oasst1, load_sharegpt
-from prefixcache.analyze.logs.openai_jsonl import (LogFormatError, load_openai_jsonl,
-                                                   parse_record)
+from prefixcache.analyze.logs.openai_jsonl import LogFormatError, load_openai_jsonl, parse_record
 from prefixcache.analyze.logs.trajectories import load_mini_swe_agent, load_swe_agent
 from prefixcache.analyze.records import Request
 

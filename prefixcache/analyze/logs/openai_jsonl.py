@@ -24,9 +24,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefixcache.analyze.logs.messages import (clean_messages, content_text,
-                                               count_assistant, parse_timestamp,
-                                               parse_tool_calls)
+from prefixcache.analyze.logs.messages import (
+    clean_messages,
+    content_text,
+    count_assistant,
+    parse_timestamp,
+    parse_tool_calls,
+)
 from prefixcache.analyze.records import Request
 from prefixcache.analyze.usage import normalize_usage
 
