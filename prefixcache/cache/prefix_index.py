@@ -95,8 +95,15 @@ class PrefixIndex:
             page = self._page_of_entry.get(parent)
             if page is None:
                 return False
-            parent = self.page_key[page][0]
+            parent = self.parent_of(page)
         return parent is not None
+
+    def parent_of(self, page: int) -> ParentRef:
+        """The parent ref of an indexed page's key. Raises KeyError if it holds no key."""
+        key = self.page_key[page]
+        if key is None:
+            raise KeyError(f"page {page} holds no indexed key")
+        return key[0]
 
     def indexed_pages(self) -> list[int]:
         return list(self._by_hash.values())
