@@ -1,6 +1,6 @@
 """prefixcache: an LLM inference engine built around automatic prefix caching."""
-from prefixcache.sampling_params import SamplingParams
 from prefixcache.outputs import CompletionOutput, RequestOutput
+from prefixcache.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineConfig"]
 __version__ = "0.1.0"

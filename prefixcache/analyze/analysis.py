@@ -15,8 +15,7 @@ from prefixcache.analyze.encode import EncodeInfo, encode_requests
 from prefixcache.analyze.pricing import parse_price_specs
 from prefixcache.analyze.records import Request, TokenizedRequest
 from prefixcache.analyze.replay import ReplayCache, ReplayConfig, ReplayResult
-from prefixcache.analyze.sweep import (BLOCK_SIZES, block_size_sweep, capacity_points,
-                                       capacity_sweep)
+from prefixcache.analyze.sweep import BLOCK_SIZES, block_size_sweep, capacity_points, capacity_sweep
 from prefixcache.analyze.tree import summarize_tree
 from prefixcache.analyze.validate import compare_recorded
 

@@ -162,7 +162,6 @@ def find_breakers(requests: list[TokenizedRequest], hits: list[int], block_size:
         tokenizer: for the text around the divergence (omitted: no text).
         publish_responses: as in the replay (a partner offers its response too).
     """
-    kw = dict(window=window, min_shared=min_shared, min_fraction=min_fraction)
     pub: dict[int, np.ndarray] = {}  # partners still in reach, as published
 
     def published(n: int) -> np.ndarray:
@@ -191,7 +190,8 @@ def find_breakers(requests: list[TokenizedRequest], hits: list[int], block_size:
             cands.append(max(recent, key=lambda x: lcp(published(x), b)))
         best_pair = None
         for a in dict.fromkeys(cands):
-            got = _pair(published(a), b, hits[k], block_size, **kw)
+            got = _pair(published(a), b, hits[k], block_size, window=window,
+                        min_shared=min_shared, min_fraction=min_fraction)
             if got and (best_pair is None or got[4] > best_pair[1][4]):
                 best_pair = (a, got)
         if best_pair is not None:

@@ -196,15 +196,14 @@ def price_log(requests: list[TokenizedRequest], p: Prices, replays: ReplayCache)
 def recorded_cost(requests: list[TokenizedRequest], p: Prices) -> dict | None:
     """The log's own usage priced under ``p``, for requests whose usage comes from the
     same provider (``None`` if there are none)."""
-    rows = [tr.request for tr in requests
-            if tr.request.usage is not None and tr.request.usage.provider == p.provider]
+    rows = [(tr.request, u) for tr in requests
+            if (u := tr.request.usage) is not None and u.provider == p.provider]
     if not rows:
         return None
     prompt = cached = write = out = 0
     cost = 0.0
-    logged = [r.extra["recorded_cost"] for r in rows if "recorded_cost" in r.extra]
-    for r in rows:
-        u = r.usage
+    logged = [r.extra["recorded_cost"] for r, _ in rows if "recorded_cost" in r.extra]
+    for _, u in rows:
         prompt += u.prompt_tokens
         cached += u.cached_tokens
         write += u.cache_write_tokens

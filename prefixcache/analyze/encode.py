@@ -58,7 +58,7 @@ class _SegmentEncoder:
         if new:
             encoded = self.tok.encode_batch(new, add_special_tokens=False)
             self.cache.update(zip(new, encoded))
-        ids: list[int] = []
+        ids = []
         ends = []
         for s in segs:
             ids.extend(self.cache[s])
@@ -167,7 +167,9 @@ def encode_requests(requests: list[Request], tokenizer: Tokenizer, template: str
                 resp_text = r.response if isinstance(r.response, str) else \
                     (r.response.get("content") or "")
         elif renderer is not None:
-            tr.prompt_text = text = texts[i]
+            text = texts[i]
+            assert text is not None  # the renderer rendered every chat request
+            tr.prompt_text = text
             tr.prompt_ids, offsets = tokenizer.encode_offsets(text, add_special_tokens=False)
             tr.char_ends = char_ends[i] or []
             tr.boundaries = _char_to_token_ends(offsets, tr.char_ends)

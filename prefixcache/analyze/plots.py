@@ -51,7 +51,7 @@ def write_plots(r: dict, out_dir: str | Path) -> list[Path]:
     calls = r.get("calls") or []
     if calls:
         fig, ax = plt.subplots(figsize=(8, 4))
-        xs = range(len(calls))
+        xs = list(range(len(calls)))
         ax.plot(xs, [100 * c["hit_rate"] for c in calls], lw=1, label="replayed")
         rec = [100 * c["recorded"]["cached_tokens"] / c["recorded"]["prompt_tokens"]
                if c.get("recorded") and c["recorded"]["prompt_tokens"] else None for c in calls]

@@ -55,4 +55,5 @@ def prompt_context(tokenizer: Tokenizer, tr: TokenizedRequest, token_index: int,
             before = " ".join(map(str, head[-6:])) + " "
             after = " ".join(map(str, tail[:6]))
         return None, before[-width:] + "⟦" + after[:width]
+    assert tr.prompt_text is not None  # char_offset found an offset in it
     return c, around(tr.prompt_text, c, width)

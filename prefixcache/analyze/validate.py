@@ -12,14 +12,13 @@ def compare_recorded(requests: list[TokenizedRequest], result: ReplayResult) -> 
 
     Rates are per call: cached / prompt tokens, each side in its own tokens.
     """
-    rows = [(tr, c) for tr, c in zip(requests, result.calls)
-            if tr.request.usage is not None and tr.request.usage.prompt_tokens > 0]
+    rows = [(u, c) for tr, c in zip(requests, result.calls)
+            if (u := tr.request.usage) is not None and u.prompt_tokens > 0]
     if not rows:
         return None
     diffs, higher, lower = [], 0, 0
     rec_p = rec_c = rep_p = rep_c = 0
-    for tr, c in rows:
-        u = tr.request.usage
+    for u, c in rows:
         rec = u.cached_tokens / u.prompt_tokens
         rep = c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0
         diffs.append(rep - rec)
@@ -32,7 +31,7 @@ def compare_recorded(requests: list[TokenizedRequest], result: ReplayResult) -> 
     n = len(rows)
     return {
         "calls": n,
-        "providers": sorted({tr.request.usage.provider for tr, _ in rows}),
+        "providers": sorted({u.provider for u, _ in rows}),
         "block_size": result.block_size,
         "recorded_prompt_tokens": rec_p, "replayed_prompt_tokens": rep_p,
         "token_ratio": rep_p / rec_p if rec_p else 0.0,

@@ -62,7 +62,8 @@ def check_invariants(mgr: KVCacheManager) -> None:
             raise InvariantError(f"page {page}: LRU queue disagrees with state {st.name}")
         if (page in indexed) != (st in (PageState.PUBLISHED, PageState.CACHED_FREE)):
             raise InvariantError(f"page {page}: index disagrees with state {st.name}")
-        if page in indexed and index.get(index.page_hash[page]) != page:
+        page_hash = index.page_hash[page]
+        if page in indexed and (page_hash is None or index.get(page_hash) != page):
             raise InvariantError(f"page {page}: index entry does not point back")
     if live != pool.num_live:
         raise InvariantError(f"live gauge {pool.num_live} != {live}")

@@ -13,9 +13,7 @@ when every entry on its parent chain is still indexed (:meth:`PrefixIndex.reacha
 """
 from __future__ import annotations
 
-from typing import Union
-
-ParentRef = Union[bytes, int]  # root key (page 0) or the parent's entry id
+ParentRef = bytes | int  # root key (page 0) or the parent's entry id
 PageKey = tuple  # (parent_ref, token_bytes, extra_bytes)
 
 
@@ -97,8 +95,15 @@ class PrefixIndex:
             page = self._page_of_entry.get(parent)
             if page is None:
                 return False
-            parent = self.page_key[page][0]
+            parent = self.parent_of(page)
         return parent is not None
+
+    def parent_of(self, page: int) -> ParentRef:
+        """The parent ref of an indexed page's key. Raises KeyError if it holds no key."""
+        key = self.page_key[page]
+        if key is None:
+            raise KeyError(f"page {page} holds no indexed key")
+        return key[0]
 
     def indexed_pages(self) -> list[int]:
         return list(self._by_hash.values())

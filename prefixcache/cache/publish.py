@@ -124,7 +124,7 @@ class Publisher:
             self.drop_cached(existing)
             return True
         if (pool.ref_count[existing] == 1
-                and not index.reachable(index.page_key[existing][0])):
+                and not index.reachable(index.parent_of(existing))):
             index.remove(existing)
             pool.unpublish_live(existing)
             return True

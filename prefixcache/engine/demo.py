@@ -59,10 +59,8 @@ def run(args: argparse.Namespace) -> int:
     system = system_prompt() * args.prefix_repeat
     table = Table(title=f"a help desk with a shared system prompt, one question at a time "
                         f"({args.model})")
-    for col, justify in (("request", "right"), ("question", "left"),
-                         ("prompt tokens", "right"), ("cached tokens", "right"),
-                         ("TTFT ms", "right")):
-        table.add_column(col, justify=justify)
+    for col in ("request", "question", "prompt tokens", "cached tokens", "TTFT ms"):
+        table.add_column(col, justify="left" if col == "question" else "right")
     ttfts, answers = [], []
     for i, q in enumerate(QUESTIONS):
         out = llm.chat([{"role": "system", "content": system}, {"role": "user", "content": q}],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -93,7 +93,7 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or t < 0 or t >= vocab]
         if bad:
             raise ParamError("prompt", f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        bad = [t for t in params.stop_token_ids if t >= vocab]
+        bad = [t for t in params.stop_token_ids or () if t >= vocab]
         if bad:
             raise ParamError("stop_token_ids", f"token id {bad[0]} is outside the vocabulary")
         n = len(prompt_token_ids)
@@ -179,7 +179,7 @@ class LLMEngine:
         """Publish nothing, withdraw the step's in-flight pages, finish its requests."""
         self.counters["failed_steps"] += 1
         for s in scheduled:
-            self.cache.fail_step(s.request.page_table)
+            self.cache.fail_step(s.request.table)
         for s in scheduled:
             self._finish(s.request, "error", f"{type(exc).__name__}: {exc}")
         return [self.outputs.make_output(s.request) for s in scheduled]
@@ -191,7 +191,7 @@ class LLMEngine:
         for s in scheduled:
             kind = "prefill" if s.request.in_prefill else "decode"
             self.counters[f"{kind}_tokens_computed"] += s.num_tokens
-            self.cache.commit(s.request.page_table, s.num_tokens)
+            self.cache.commit(s.request.table, s.num_tokens)
 
     def _emit(self, result: StepResult) -> list[RequestOutput]:
         """Append the sampled tokens, apply stop conditions, build the outputs."""

@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, cast
 
 from prefixcache.config import EngineConfig
 from prefixcache.engine.engine import LLMEngine
@@ -88,8 +89,12 @@ class LLM:
              sampling_params: SamplingParams | None = None, *, tools: list | None = None,
              tenant: str | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, rendered with the
-        model's chat template."""
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        model's chat template. Raises ParamError (``messages``) if the model has no
+        tokenizer."""
+        if self.tokenizer is None:
+            raise ParamError("messages", "this model has no tokenizer to render a chat")
+        one = bool(messages) and isinstance(messages[0], dict)
+        convs = cast(list[list[dict[str, Any]]], [messages] if one else messages)
         prompts = [{"prompt_token_ids": self.tokenizer.apply_chat_template(c, tools=tools)}
                    for c in convs]
         return self.generate(prompts, sampling_params, tenant=tenant, cache_salt=cache_salt)

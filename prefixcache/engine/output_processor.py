@@ -6,6 +6,8 @@ an output shares the request's token and logprob lists instead of copying them.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prefixcache.engine.request import Request
 from prefixcache.model.sampler import TokenLogprobs
 from prefixcache.outputs import CompletionOutput, Logprob, RequestOutput
@@ -29,7 +31,7 @@ class OutputProcessor:
     """
 
     def __init__(self, tokenizer: Tokenizer | None, max_model_len: int,
-                 eos_token_ids: set[int] = frozenset()):
+                 eos_token_ids: Iterable[int] = ()):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.eos_token_ids = set(eos_token_ids)
@@ -86,6 +88,7 @@ class OutputProcessor:
     def _check_stop_strings(self, req: Request, delta: str) -> bool:
         """Find the earliest stop string that ends inside the new text."""
         p = req.sampling_params
+        assert isinstance(p.stop, list)  # SamplingParams.__post_init__ made it a list
         text = req.detokenizer.text
         longest = max(len(s) for s in p.stop)  # at most MAX_STOP_STRINGS
         lo = max(0, len(text) - len(delta) - longest + 1)

@@ -60,7 +60,7 @@ class Request:
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
-        self.stop_ids = frozenset(self.sampling_params.stop_token_ids)
+        self.stop_ids = frozenset(self.sampling_params.stop_token_ids or ())
         if self.metrics is None:
             self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         if self.sampling_params.logprobs is not None:
@@ -74,6 +74,14 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def table(self) -> PageTable:
+        """The page table of a queued request (it holds one from ``Scheduler.add`` until
+        it is removed). Raises RuntimeError if it holds none."""
+        if self.page_table is None:
+            raise RuntimeError(f"request {self.request_id} holds no page table")
+        return self.page_table
 
     @property
     def num_cached_tokens(self) -> int:

@@ -32,8 +32,8 @@ takes over by computing the page itself).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.page_table import PageTable
@@ -112,7 +112,7 @@ class Scheduler:
     def preempt(self, req: Request) -> None:
         """Preempt by recompute: free the pages, go back to the waiting queue."""
         del self.running[req.request_id]
-        self.cache.free(req.page_table)
+        self.cache.free(req.table)
         req.num_preemptions += 1
         req.freeze_cached()  # what it read from the cache is fixed at first admission
         self.num_preemptions += 1
@@ -143,13 +143,13 @@ class Scheduler:
         return out
 
     def _planned(self, req: Request, n: int) -> ScheduledSeq:
-        pt = req.page_table
+        pt = req.table
         return ScheduledSeq(req, n, pt.num_computed_tokens + n == len(req.all_token_ids))
 
     def _tokens_to_schedule(self, req: Request, budget: int) -> int:
         """Tokens ``req`` computes this step: 0 while it follows a running leader or
         when the budget is spent (a follower still takes newly published pages)."""
-        pt = req.page_table
+        pt = req.table
         remaining = req.num_tokens_to_compute
         if remaining > 1:
             self._take_cached(req)
@@ -162,8 +162,7 @@ class Scheduler:
     def _probe(self, req: Request) -> Probe:
         """The request's memoised :class:`Probe` (recomputed only when its table or the
         cache changed since)."""
-        pt = req.page_table
-        assert pt is not None  # queued requests always hold a page table
+        pt = req.table
         key = (self.cache.generation, len(pt.pages), pt.num_computed_tokens)
         probe = req.probe
         if probe is None or probe.table is not pt or probe.key != key:
@@ -174,7 +173,7 @@ class Scheduler:
 
     def _take_cached(self, req: Request) -> None:
         """Take the probe's hit pages (the first call also marks the admission)."""
-        pt = req.page_table
+        pt = req.table
         probe = self._probe(req)
         if not probe.hit_pages and pt.admitted:
             return
@@ -192,7 +191,7 @@ class Scheduler:
         """Allocate pages for ``n`` tokens, preempting the most recently admitted
         running requests (possibly ``req`` itself) until they fit."""
         scheduled = {id(s.request) for s in out.scheduled}
-        while not self.cache.allocate(req.page_table, n):
+        while not self.cache.allocate(req.table, n):
             victims = [r for r in self.running.values() if id(r) not in scheduled]
             victim = max(victims, key=lambda r: r.admit_seq)
             self.preempt(victim)
@@ -210,7 +209,7 @@ class Scheduler:
         for req in self._waiting_order():
             if len(self.running) >= self.config.max_num_seqs:
                 return
-            pt = req.page_table
+            pt = req.table
             probe = self._probe(req)
             follows = probe.next_owner in self.running
             if budget <= 0 and not follows:
@@ -266,7 +265,7 @@ class Scheduler:
     def _cached_share(self, req: Request) -> float:
         """Share of the request's tokens that it would read from the cache now (or
         follow, if its next page is in flight), in [0, 1]."""
-        pt = req.page_table
+        pt = req.table
         n = len(req.all_token_ids)
         probe = self._probe(req)
         hit = len(probe.hit_pages) * self.cache.block_size

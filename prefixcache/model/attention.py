@@ -64,8 +64,9 @@ class AttentionPlan:
 def _plan_decode(seqs: list[SeqChunk], window: int | None, block_size: int,
                  device: torch.device) -> DecodeGroup:
     pages = max(len(s.page_table) for s in seqs)
-    table = torch.stack([torch.cat([s.page_table, s.page_table[:1].expand(pages - len(s.page_table))])
-                         for s in seqs])
+    table = torch.stack([
+        torch.cat([s.page_table, s.page_table[:1].expand(pages - len(s.page_table))])
+        for s in seqs])
     ctx = torch.tensor([s.ctx_len for s in seqs], device=device).view(-1, 1)
     k_pos = torch.arange(pages * block_size, device=device).view(1, -1)
     mask = k_pos < ctx

@@ -160,7 +160,7 @@ class ModelConfig:
         return "max_position_embeddings"
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         """Parse a ``config.json`` dictionary.
 
         Raises:
@@ -210,7 +210,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "ModelConfig":
+    def from_file(cls, path: str | Path) -> ModelConfig:
         """Read and parse a ``config.json``. Raises FileNotFoundError or ValueError."""
         path = Path(path)
         if not path.is_file():

@@ -142,7 +142,7 @@ def forward_deterministic(model: PagedLlama, batch: ForwardBatch, kv: KVPool
         los = [_key_lo(t.page_index, bs, w) for t in tiles]
         attn_geometry[w] = [(lo, _tile_mask(t, bs, lo, w, dev)) for lo, t in zip(los, tiles)]
 
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.decoder_layers):
         queries = []
         for j, t in enumerate(tiles):
             q, k, v = layer.qkv(x[j], *rope[j])

@@ -44,7 +44,9 @@ class KVPool:
 
     def gather(self, layer: int, page_table: torch.Tensor, ctx_len: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """KV of positions ``[0, ctx_len)`` of one sequence, each ``[ctx_len, kv_heads, head_dim]``."""
+        """KV of positions ``[0, ctx_len)`` of one sequence.
+
+        Returns ``(k, v)``, each ``[ctx_len, kv_heads, head_dim]``."""
         kh, vh = self.k[layer], self.v[layer]
         k = kh.index_select(0, page_table).flatten(0, 1)[:ctx_len]
         v = vh.index_select(0, page_table).flatten(0, 1)[:ctx_len]

@@ -21,15 +21,17 @@ applied by masking: all KV is kept, so outputs stay exact with prefix caching.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from prefixcache.model.attention import paged_attention, plan_attention
-from prefixcache.model.packed_linear import PackedLinear
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kv_pool import KVPool
+from prefixcache.model.packed_linear import PackedLinear
 from prefixcache.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -104,8 +106,8 @@ class PagedLlama(nn.Module):
             with :func:`prefixcache.model.weights.load_hf_weights`.
 
     Attributes:
-        embed ``[vocab, hidden]``, layers, norm ``[hidden]``, lm_head ``[vocab, hidden]``
-        (the same tensor as ``embed`` when embeddings are tied).
+        embed ``[vocab, hidden]``, layers (typed: :attr:`decoder_layers`), norm ``[hidden]``,
+        lm_head ``[vocab, hidden]`` (the same tensor as ``embed`` when embeddings are tied).
     """
 
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu",
@@ -124,6 +126,12 @@ class PagedLlama(nn.Module):
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
                                     self.device)
         self._lm_head = PackedLinear(self.lm_head)
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """``layers`` as a typed list (iterating an ``nn.ModuleList`` gives plain
+        ``nn.Module``s to a type checker)."""
+        return cast(list[DecoderLayer], list(self.layers))
 
     def new_kv_pool(self, num_pages: int, block_size: int = 16) -> KVPool:
         """A zeroed :class:`KVPool` matching this model's geometry, dtype and device."""
@@ -164,7 +172,7 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
     cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
     plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size)
              for w in set(cfg.layer_sliding_windows)}
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.decoder_layers):
         q, k, v = layer.qkv(x, cos, sin)
         kv.write(i, batch.slot_mapping, k, v)
         attn = paged_attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])

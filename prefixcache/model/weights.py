@@ -85,7 +85,7 @@ def load_hf_weights(model: PagedLlama, get: Callable[[str], torch.Tensor]) -> No
     put(model.norm, "model.norm.weight")
     if not c.tie_word_embeddings:
         put(model.lm_head, "lm_head.weight")
-    for n, layer in enumerate(model.layers):
+    for n, layer in enumerate(model.decoder_layers):
         pre = f"model.layers.{n}."
         att, mlp = pre + "self_attn.", pre + "mlp."
         put(layer.input_norm, pre + "input_layernorm.weight")

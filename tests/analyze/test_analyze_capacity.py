@@ -2,8 +2,11 @@ import json
 
 import pytest
 
-from prefixcache.analyze.capacity import (capacity_tokens, kv_bytes_per_token,
-                                          kv_bytes_per_token_from_config)
+from prefixcache.analyze.capacity import (
+    capacity_tokens,
+    kv_bytes_per_token,
+    kv_bytes_per_token_from_config,
+)
 from prefixcache.analyze.sweep import capacity_points
 
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from prefixcache.cli import main
 from helpers.data import shared_data
+from prefixcache.cli import main
 
 P40 = list(range(1, 41))
 

@@ -2,13 +2,19 @@
 import json
 
 import pytest
+from analyze_helpers import tokreq
 
 from prefixcache.analyze.cost import price_log
-from prefixcache.analyze.pricing import (PriceSheetError, builtin_sheet_names, load_sheet,
-                                         parse_price_specs, resolve, validate_sheet)
+from prefixcache.analyze.pricing import (
+    PriceSheetError,
+    builtin_sheet_names,
+    load_sheet,
+    parse_price_specs,
+    resolve,
+    validate_sheet,
+)
 from prefixcache.analyze.replay import ReplayCache, ReplayConfig
 from prefixcache.analyze.usage import Usage
-from analyze_helpers import tokreq
 
 R = list(range(1, 40))
 

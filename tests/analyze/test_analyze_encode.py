@@ -1,7 +1,7 @@
 """Prompts to tokens: the segment cache and token -> character offsets."""
 import pytest
-from helpers.data import shared_data
 
+from helpers.data import shared_data
 from prefixcache.analyze.encode import encode_requests
 from prefixcache.analyze.logs import load_log
 from prefixcache.analyze.textmap import char_offset

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
+from helpers.data import shared_data
 from prefixcache.analyze.logs import LogFormatError, detect_format, load_log, load_logs
 from prefixcache.analyze.logs.messages import parse_timestamp, parse_tool_calls
-from helpers.data import shared_data
 
 CHAT = {"model": "m", "messages": [{"role": "system", "content": "S"},
                                   {"role": "user", "content": "hi"}]}

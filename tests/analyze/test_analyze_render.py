@@ -2,11 +2,11 @@ import json
 
 import pytest
 
+from helpers.data import shared_data
 from prefixcache.analyze.encode import encode_requests
 from prefixcache.analyze.records import Request
 from prefixcache.analyze.render import builtin_response, builtin_segments
 from prefixcache.text.loading import load_tokenizer
-from helpers.data import shared_data
 
 TOOL = {"type": "function", "function": {"name": "bash", "parameters": {}}}
 CALL = {"id": "c", "type": "function",
@@ -91,6 +91,6 @@ def test_template_that_drops_tool_messages_falls_back():
     assert info.renderer == "builtin-chatml"
     assert "drops content" in info.note
     assert tr.prompt_text.endswith("<|im_start|>tool\nout<|im_end|>\n<|im_start|>assistant\n")
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="has no chat template"):
         encode_requests([Request("r", messages=MSGS)], load_tokenizer("bytes"),
                         template="tokenizer")

@@ -1,8 +1,8 @@
 """Exact hit counts of small token logs replayed through the cache core (block 4)."""
 import pytest
+from analyze_helpers import tokreq
 
 from prefixcache.analyze.replay import pages_for_all, replay
-from analyze_helpers import tokreq
 
 R = list(range(1, 30))
 

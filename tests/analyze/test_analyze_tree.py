@@ -1,6 +1,7 @@
+from analyze_helpers import tokreq
+
 from prefixcache.analyze.replay import replay
 from prefixcache.analyze.tree import summarize_tree
-from analyze_helpers import tokreq
 
 R = list(range(1, 30))
 

@@ -4,14 +4,14 @@ See benchmarks/analyze_deepseek.md for the figures and the causes of the differe
 """
 import pytest
 
+from helpers.data import shared_data
 from prefixcache.analyze.cost import recorded_cost
 from prefixcache.analyze.encode import encode_requests
 from prefixcache.analyze.logs import load_logs
 from prefixcache.analyze.pricing import parse_price_specs
 from prefixcache.analyze.replay import replay
-from prefixcache.text.loading import load_tokenizer
 from prefixcache.analyze.validate import compare_recorded
-from helpers.data import shared_data
+from prefixcache.text.loading import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -483,3 +483,19 @@ def test_dead_chain_takes_no_hits():
     assert mgr.peek_hits(b) == 0 and mgr.take_hits(b) == 0
     mgr.free(b)
     check_invariants(mgr)
+
+
+def test_parent_of_follows_the_chain_and_rejects_unindexed_pages():
+    mgr = KVCacheManager(8, 4)
+    pt = serve(mgr, "A", toks(12), keep=True)
+    first, second, third = pt.pages
+    index = mgr.index
+    assert isinstance(index.parent_of(first), bytes)  # page 0: the chain root's key
+    assert index.parent_of(second) == index.entry_id[first]
+    assert index.parent_of(third) == index.entry_id[second]
+    assert index.reachable(index.parent_of(third))
+    unused = next(p for p in range(8) if p not in pt.pages)
+    with pytest.raises(KeyError, match=f"page {unused} holds no indexed key"):
+        index.parent_of(unused)
+    mgr.free(pt)
+    check_invariants(mgr)

@@ -89,7 +89,8 @@ class FakeModel:
         for page in pages[:-(-start // bs)]:
             self.page_reads += 1
             st = pool.state[page]
-            assert st == PageState.PUBLISHED or (st == PageState.PENDING and pool.ref_count[page] == 1), \
+            pending_own = st == PageState.PENDING and pool.ref_count[page] == 1
+            assert st == PageState.PUBLISHED or pending_own, \
                 f"read of page {page} in state {st.name}"
         pt = owner.page_table
         limit = eng.cache.hit_limit_pages(pt)

@@ -10,9 +10,9 @@ import pytest
 
 from prefixcache import LLM, SamplingParams
 from prefixcache.cli import SUBCOMMANDS, build_parser, main
-from prefixcache.model.registry import DEFAULT_MODEL
 from prefixcache.config import EngineConfig
 from prefixcache.engine.args import config_from_args, engine_fields
+from prefixcache.model.registry import DEFAULT_MODEL
 from prefixcache.sampling_params import ParamError
 
 

@@ -107,8 +107,9 @@ def test_no_deadlock_on_shared_prefix_with_different_tails(llama):
     eng.add_request("B2", b, GREEDY)
     outs = run_all(eng)
     assert set(outs) == {"A", "B", "A2", "B2"}
-    assert outs["A"].outputs[0].token_ids == outs["A2"].outputs[0].token_ids == reference(llama.path, a)
-    assert outs["B"].outputs[0].token_ids == outs["B2"].outputs[0].token_ids == reference(llama.path, b)
+    for x, ids in (("A", a), ("B", b)):
+        assert outs[x].outputs[0].token_ids == outs[x + "2"].outputs[0].token_ids
+        assert outs[x].outputs[0].token_ids == reference(llama.path, ids)
     # P's 12 full pages are computed once; B computes the rest of its own; A2 and B2
     # recompute only their partial last pages (290 = 18*16 + 2, 270 = 16*16 + 14).
     assert eng.stats()["prefill_tokens_computed"] == 290 + (270 - 192) + 2 + 14

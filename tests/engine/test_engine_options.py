@@ -7,8 +7,8 @@ import logging
 
 import pytest
 import torch
-from helpers.hf_models import make_hf_model, save_hf_model
 
+from helpers.hf_models import make_hf_model, save_hf_model
 from prefixcache import LLM, SamplingParams
 from prefixcache.cache.hashing import DEFAULT_ROOT_SEED
 from prefixcache.config import DEFAULT_HASH_ROOT_SEED, DTYPES, EngineConfig

@@ -5,6 +5,7 @@ import pytest
 
 from prefixcache import LLM, SamplingParams
 from prefixcache.cache.invariants import check_invariants
+from prefixcache.sampling_params import ParamError
 from tests.engine.conftest import prompt_ids
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -118,3 +119,28 @@ def test_decode_pages_publish_for_next_turn(llama):
     out = llm.generate([{"prompt_token_ids": turn2}], GREEDY)[0]
     # 40 prompt + 30 generated: KV of the first 69 tokens exists, 4 full pages = 64.
     assert out.num_cached_tokens == 64
+
+
+def test_text_and_chat_without_a_tokenizer_name_the_parameter(llama):
+    llm = make_llm(llama.path)  # the saved test model has weights and config, no tokenizer
+    assert llm.tokenizer is None
+    with pytest.raises(ParamError) as e:
+        llm.chat([{"role": "user", "content": "hi"}])
+    assert e.value.param == "messages"
+    with pytest.raises(ParamError) as e:
+        llm.generate(["hi"])
+    assert e.value.param == "prompt"
+    assert llm.engine.requests == {}
+    no_leak(llm)
+
+
+def test_request_table_is_its_page_table_until_it_is_removed(llama):
+    llm = make_llm(llama.path)
+    req = llm.engine.add_request("A", prompt_ids(40, seed=2), GREEDY)
+    assert req.page_table is not None and req.table is req.page_table
+    assert req.table.token_ids == req.all_token_ids
+    assert llm.engine.abort_request("A")
+    assert req.page_table is None
+    with pytest.raises(RuntimeError, match="request A holds no page table"):
+        _ = req.table
+    no_leak(llm)

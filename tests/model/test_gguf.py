@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
+
 from helpers.hf_models import hf_logits, make_hf_model
 from helpers.paged import PagedRunner, Seq
-
 from prefixcache.model import gguf as ours_gguf
 from prefixcache.model import gguf_cache, load_model, registry
 

@@ -14,7 +14,6 @@ from prefixcache.model import load_model
 from prefixcache.model.builtin import tiny_weights
 from prefixcache.text.byte_tokenizer import ByteTokenizer
 
-
 TINY_SHA256 = "d00f527d8a3581a92ef5529562a57bf49fc515bf2ca3f410b974018c956d8b36"
 
 

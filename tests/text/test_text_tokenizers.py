@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from helpers.data import shared_data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.data import shared_data
 from prefixcache.model.builtin import BOS_ID, END_ID, EOS_ID, tiny_tokenizer
 from prefixcache.text.chat_template import render_chat_template
 from prefixcache.text.detokenizer import IncrementalDetokenizer

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from prefixcache.analyze.logs.conversations import load_oasst1, load_sharegpt
-from prefixcache.analyze.logs.openai_jsonl import (LogFormatError, load_openai_jsonl,
-                                                   parse_record)
+from prefixcache.analyze.logs.openai_jsonl import LogFormatError, load_openai_jsonl, parse_record
 from prefixcache.analyze.logs.trajectories import load_mini_swe_agent, load_swe_agent
 from prefixcache.analyze.records import Request
 
@@ -113,5 +113,5 @@ def load_logs(paths: list[str | Path], fmt: str = "auto") -> list[Request]:
             raise LogFormatError(f"duplicate request id {r.request_id!r}")
         seen.add(r.request_id)
     if out and all(r.timestamp is not None for r in out):
-        out.sort(key=lambda r: r.timestamp)  # stable
+        out.sort(key=lambda r: cast(float, r.timestamp))  # stable; all set (checked)
     return out

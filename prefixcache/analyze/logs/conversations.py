@@ -35,7 +35,7 @@ def load_oasst1(path: str | Path) -> list[Request]:
                 continue
             tree = json.loads(line)
             tid = str(tree.get("message_tree_id", len(out)))
-            stack = [(tree["prompt"], [])]
+            stack: list[tuple[dict, list[dict]]] = [(tree["prompt"], [])]
             while stack:
                 node, history = stack.pop()
                 role = "assistant" if node.get("role") == "assistant" else "user"
@@ -80,9 +80,10 @@ def _sharegpt_message(turn: dict) -> dict:
                                                                         ensure_ascii=False)}}]}
 
 
-def load_sharegpt(path: str | Path, data: object = None) -> list[Request]:
+def load_sharegpt(path: str | Path, data: list | None = None) -> list[Request]:
     path = Path(path)
-    data = data if data is not None else json.loads(path.read_text(encoding="utf-8"))
+    if data is None:
+        data = json.loads(path.read_text(encoding="utf-8"))
     out: list[Request] = []
     for n, conv in enumerate(data):
         msgs = [_sharegpt_message(t) for t in conv.get("conversations", [])

@@ -14,6 +14,12 @@ from datetime import datetime
 SENT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
+def as_dict(value: object) -> dict:
+    """``value`` if it is a dict, else a new empty dict (log fields that may be absent
+    or malformed)."""
+    return value if isinstance(value, dict) else {}
+
+
 def content_text(content: object) -> str:
     """Message content as text: strings as they are; content parts joined, text parts
     by their text and other parts (images, files) as ``<image:HASH>`` placeholders, so
@@ -45,14 +51,14 @@ def parse_tool_calls(raw: object) -> list[dict]:
     Accepts a list, a JSON string, or a Python-literal string; anything else gives [].
     """
     if isinstance(raw, str):
-        raw = raw.strip()
-        if not raw:
+        text = raw.strip()
+        if not text:
             return []
         try:
-            raw = json.loads(raw)
+            raw = json.loads(text)
         except ValueError:
             try:
-                raw = ast.literal_eval(raw)
+                raw = ast.literal_eval(text)
             except (ValueError, SyntaxError):
                 return []
     if not isinstance(raw, list):

@@ -24,9 +24,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefixcache.analyze.logs.messages import (clean_messages, content_text,
-                                               count_assistant, parse_timestamp,
-                                               parse_tool_calls)
+from prefixcache.analyze.logs.messages import (
+    as_dict,
+    clean_messages,
+    content_text,
+    count_assistant,
+    parse_timestamp,
+    parse_tool_calls,
+)
 from prefixcache.analyze.records import Request
 from prefixcache.analyze.usage import normalize_usage
 
@@ -50,14 +55,16 @@ def response_message(resp: object) -> dict | str | None:
         return resp
     if not isinstance(resp, dict):
         return None
-    if isinstance(resp.get("body"), dict) and "status_code" in resp:  # Batch output
-        resp = resp["body"]
+    body = resp.get("body")
+    if isinstance(body, dict) and "status_code" in resp:  # Batch output
+        resp = body
     choices = resp.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         c = choices[0]
         if isinstance(c.get("message"), dict):
             m = c["message"]
-            out = {"role": "assistant", "content": content_text(m.get("content"))}
+            out: dict[str, object] = {"role": "assistant",
+                                      "content": content_text(m.get("content"))}
             calls = parse_tool_calls(m.get("tool_calls"))
             if calls:
                 out["tool_calls"] = calls
@@ -102,7 +109,7 @@ def parse_record(record: dict, default_id: str, source: str = "") -> list[Reques
     body = record.get("request") or record.get("body") or record
     if not isinstance(body, dict) or ("messages" not in body and "prompt" not in body):
         raise LogFormatError("no 'messages' or 'prompt' in the request body")
-    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    meta = as_dict(body.get("metadata"))
     rid = _first(("request_id", "custom_id", "id"), record, body) or default_id
     tenant = _first(("tenant",), record, body, meta)
     conversation = _first(("conversation", "conversation_id", "session_id"), record,

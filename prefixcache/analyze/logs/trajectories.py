@@ -21,7 +21,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefixcache.analyze.logs.messages import clean_message, clean_messages, parse_timestamp
+from prefixcache.analyze.logs.messages import (
+    as_dict,
+    clean_message,
+    clean_messages,
+    parse_timestamp,
+)
 from prefixcache.analyze.records import Request
 from prefixcache.analyze.usage import normalize_usage
 
@@ -100,8 +105,8 @@ def load_mini_swe_agent(path: str | Path, data: object = None) -> list[Request]:
     out = []
     for k, i in enumerate(_calls(messages)):
         m = messages[i]
-        extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
-        resp = extra.get("response") if isinstance(extra.get("response"), dict) else {}
+        extra = as_dict(m.get("extra"))
+        resp = as_dict(extra.get("response"))
         out.append(Request(
             request_id=f"{stem}#{k}", messages=clean_messages(messages[:i]), tools=tools,
             response=clean_message(m), usage=normalize_usage(resp.get("usage")),
