@@ -30,7 +30,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prefixcache import LLM, SamplingParams
+    from prefixcache.engine.llm import LLM
+    from prefixcache.sampling_params import SamplingParams
 
     llm = LLM(**dataclasses.asdict(config_from_args(args)))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,

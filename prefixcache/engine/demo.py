@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from prefixcache import LLM, SamplingParams
+    from prefixcache.engine.llm import LLM
+    from prefixcache.sampling_params import SamplingParams
 
     console = Console()
     llm = LLM(**dataclasses.asdict(config_from_args(args)))

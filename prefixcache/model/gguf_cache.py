@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prefixcache.model import gguf
+import prefixcache.model.gguf as gguf
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+import prefixcache.model.builtin as builtin
+import prefixcache.model.registry as registry
 from prefixcache.config import resolve_dtype
-from prefixcache.model import builtin, registry
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.weights import check_hf_keys, load_hf_weights

@@ -11,7 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefixcache.model import gguf_cache
+import prefixcache.model.gguf_cache as gguf_cache
 
 DEFAULT_MODEL = "smollm2-135m-instruct-q4_1"
 
