@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from prefixcache.paths import data_root
 

@@ -20,9 +20,9 @@ offline peers, the HTTP client for serving peers):
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 

@@ -35,7 +35,7 @@ class TokenizerRenderer:
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "TokenizerRenderer":
+    def from_dir(cls, model_dir: str | Path) -> TokenizerRenderer:
         """The tokenizer of a Hugging Face model directory.
 
         Raises: FileNotFoundError if the directory holds no tokenizer files."""

@@ -16,9 +16,9 @@ import os
 import platform
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from prefixcache.bench import workloads as wl
 from prefixcache.bench.fit import FitReport, fit_workload, special_tokens_added
@@ -223,7 +223,7 @@ class Recorder:
         self.skipped: list[Skip] = []
         self.jsonl = None
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         self.jsonl = _open_jsonl(self.opts)
         return self
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from helpers.data import shared_data
 from prefixcache.bench import cli
 from tests.bench.test_bench_cli import parse

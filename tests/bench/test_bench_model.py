@@ -6,7 +6,12 @@ import json
 import pytest
 
 from helpers.data import shared_data
-from prefixcache.bench.bench_model import CHAT_TEMPLATE, BenchModelSpec, count_parameters, ensure_bench_model
+from prefixcache.bench.bench_model import (
+    CHAT_TEMPLATE,
+    BenchModelSpec,
+    count_parameters,
+    ensure_bench_model,
+)
 from prefixcache.bench.prompts import TokenizerRenderer, label_warm_by_overlap
 from prefixcache.bench.workloads import BenchRequest, conversation_requests
 

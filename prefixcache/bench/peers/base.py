@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from prefixcache import paths
 from prefixcache.bench.metrics import RequestResult

@@ -17,7 +17,14 @@ from pathlib import Path
 
 from prefixcache.bench.client import ServingTarget, get_text, parse_prometheus, run_workload
 from prefixcache.bench.metrics import PeakRSS
-from prefixcache.bench.peers.base import Peer, PeerContext, PeerRun, PeerUnavailable, Progress, free_port
+from prefixcache.bench.peers.base import (
+    Peer,
+    PeerContext,
+    PeerRun,
+    PeerUnavailable,
+    Progress,
+    free_port,
+)
 from prefixcache.bench.prompts import Prompt
 from prefixcache.bench.workloads import BenchRequest
 
