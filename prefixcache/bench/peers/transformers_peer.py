@@ -25,7 +25,7 @@ from prefixcache.bench.workloads import BenchRequest
 class _TimingStreamer:
     """A ``generate`` streamer that timestamps the first generated token."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.calls = 0
         self.first: float | None = None
 
