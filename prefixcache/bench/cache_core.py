@@ -93,7 +93,7 @@ def default_trace() -> Path:
 
 
 def load_trace(path: Path, limit: int | None = None) -> list[dict]:
-    rows = []
+    rows: list[dict] = []
     with open(path) as f:
         for line in f:
             if line.strip():
@@ -247,8 +247,8 @@ def run_hash_speed(args) -> dict[str, Any]:
             mgr.reset()
             if warm:
                 cycle()
-            holder = {}
-            mt.append(_timed(lambda: holder.update(r=match())))
+            holder: dict[str, Any] = {}
+            mt.append(_timed(lambda h=holder: h.update(r=match())))
             pt, got = holder["r"]
             expect = ((n - 1) // bs) * bs if warm else 0
             assert got == expect, (label, got, expect)

@@ -33,8 +33,9 @@ from prefixcache.engine.args import GIB, add_engine_args
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="benchmark workloads against peers (vLLM-CPU, llama.cpp, transformers)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "bench", help="benchmark workloads against peers (vLLM-CPU, llama.cpp, transformers)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return p
 
@@ -52,58 +53,75 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"one of {', '.join(WORKLOADS)}, a comma-separated list, or 'all' "
                         f"({', '.join(DEFAULT_WORKLOADS)}, plus replay when --requests is given)")
     g.add_argument("--model", default="bench",
-                   help="'bench' (build/reuse the random-weight benchmark Llama), a Hugging Face model directory, "
-                        "or builtin:NAME (our engine only)")
+                   help="'bench' (build/reuse the random-weight benchmark Llama), "
+                        "a Hugging Face model directory, or builtin:NAME (our engine only)")
     g.add_argument("--peers", default=",".join(PEER_NAMES), type=_csv,
                    help=f"comma-separated subset of {','.join(PEER_NAMES)} (default: all)")
     g.add_argument("--mode", default="all", choices=["offline", "serving", "all"],
-                   help="offline: in-process Python API; serving: HTTP servers; all: both (default)")
-    g.add_argument("--requests", metavar="FILE", help="JSONL log of OpenAI request bodies for the replay workload")
+                   help="offline: in-process Python API; serving: HTTP servers; "
+                        "all: both (default)")
+    g.add_argument("--requests", metavar="FILE",
+                   help="JSONL log of OpenAI request bodies for the replay workload")
     g.add_argument("--report-only", action="store_true",
                    help="do not run; rebuild the tables, plots and RESULTS.md from OUT/runs/*.json")
     g = p.add_argument_group("how")
     g.add_argument("--concurrency", "-c", type=int, default=4,
                    help="serving mode: requests in flight (default 4)")
     g.add_argument("--offline-concurrency", type=int, default=1,
-                   help="offline mode: requests in flight (default 1: per-request latency without queueing)")
+                   help="offline mode: requests in flight "
+                        "(default 1: per-request latency without queueing)")
     g.add_argument("--threads", type=int, default=default_threads(),
-                   help="compute threads for every peer (default: all CPUs but one, which serves the front "
-                        f"ends and the client; here {default_threads()})")
+                   help="compute threads for every peer (default: all CPUs but one, "
+                        f"which serves the front ends and the client; here {default_threads()})")
     # the engine's own flags, as in generate/serve (KV pool: per engine, ours and vLLM)
     add_engine_args(g, include=("dtype", "block_size", "kv_cache_bytes"),
                     defaults={"kv_cache_bytes": 2 * GIB})
     g.add_argument("--api", default="completions", choices=["completions", "chat"],
-                   help="serving endpoint: completions (prompt rendered by the bench, default) or chat")
+                   help="serving endpoint: completions (prompt rendered by the bench, default) "
+                        "or chat")
     g.add_argument("--time-scale", type=float, default=1.0,
                    help="replay: multiply timestamps by this (0 ignores them)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = p.add_argument_group("output")
-    g.add_argument("--json", type=Path, metavar="PATH", help="write one JSON object per run (JSON Lines)")
+    g.add_argument("--json", type=Path, metavar="PATH",
+                   help="write one JSON object per run (JSON Lines)")
     g.add_argument("--out", type=Path, metavar="DIR",
-                   help="write runs/*.json, results.jsonl, results.md, plots/*.png and RESULTS.md here")
-    g.add_argument("--work-dir", type=Path, help="scratch space for server logs and GGUF files (default OUT/_scratch, else "
-                        "~/.cache/prefixcache/bench-scratch)")
+                   help="write runs/*.json, results.jsonl, results.md, plots/*.png "
+                        "and RESULTS.md here")
+    g.add_argument("--work-dir", type=Path,
+                   help="scratch space for server logs and GGUF files (default OUT/_scratch, "
+                        "else ~/.cache/prefixcache/bench-scratch)")
     g = p.add_argument_group("sizes (defaults fit a 2-core CPU; raise them to scale up)")
     g.add_argument("--max-tokens", type=int, default=d.max_tokens, help="output tokens per request")
     g.add_argument("--workload-seed", type=int, default=d.seed,
-                   help=f"seed of the workloads' shuffles (--seed is the engine's); default {d.seed}")
-    g.add_argument("--num-prefixes", type=int, default=d.num_prefixes, help="shared-prefix: system prompts")
+                   help="seed of the workloads' shuffles (--seed is the engine's); "
+                        f"default {d.seed}")
+    g.add_argument("--num-prefixes", type=int, default=d.num_prefixes,
+                   help="shared-prefix: system prompts")
     g.add_argument("--questions-per-prefix", type=int, default=d.questions_per_prefix,
                    help="shared-prefix: questions per system prompt")
     g.add_argument("--prefix-chars", default=f"{d.prefix_min_chars}:{d.prefix_max_chars}",
-                   help="shared-prefix/cold-burst/multi-tenant: system prompt length range, characters MIN:MAX")
-    g.add_argument("--fewshot-questions", type=int, default=d.fewshot_questions, help="few-shot: GSM8K questions")
-    g.add_argument("--oasst-conversations", type=int, default=d.oasst_conversations, help="multi-turn: OASST paths")
+                   help="shared-prefix/cold-burst/multi-tenant: system prompt length range, "
+                        "characters MIN:MAX")
+    g.add_argument("--fewshot-questions", type=int, default=d.fewshot_questions,
+                   help="few-shot: GSM8K questions")
+    g.add_argument("--oasst-conversations", type=int, default=d.oasst_conversations,
+                   help="multi-turn: OASST paths")
     g.add_argument("--glaive-conversations", type=int, default=d.glaive_conversations,
                    help="multi-turn: glaive tool-call conversations")
-    g.add_argument("--agent-max-calls", type=int, default=None, help="agent: calls per trajectory (default: all)")
+    g.add_argument("--agent-max-calls", type=int, default=None,
+                   help="agent: calls per trajectory (default: all)")
     g.add_argument("--agent-sources", default=",".join(d.agent_sources), type=_csv,
-                   help="agent: trajectory sets (mini-swe-agent/deepseek, mini-swe-agent, swe-agent)")
+                   help="agent: trajectory sets "
+                        "(mini-swe-agent/deepseek, mini-swe-agent, swe-agent)")
     g.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens,
-                   help="multi-turn/agent: a session stops before its first prompt longer than this")
-    g.add_argument("--burst-size", type=int, default=d.burst_size, help="cold-burst: identical requests")
+                   help="multi-turn/agent: a session stops before its first prompt "
+                        "longer than this")
+    g.add_argument("--burst-size", type=int, default=d.burst_size,
+                   help="cold-burst: identical requests")
     g.add_argument("--tenants", type=int, default=d.tenants, help="multi-tenant: tenants")
-    g.add_argument("--tenant-prefixes", type=int, default=d.tenant_prefixes, help="multi-tenant: system prompts")
+    g.add_argument("--tenant-prefixes", type=int, default=d.tenant_prefixes,
+                   help="multi-tenant: system prompts")
     g.add_argument("--tenant-questions", type=int, default=d.tenant_questions,
                    help="multi-tenant: questions per system prompt per tenant")
 
@@ -112,11 +130,13 @@ def workload_config(args) -> WorkloadConfig:
     lo, _, hi = args.prefix_chars.partition(":")
     return WorkloadConfig(
         seed=args.workload_seed, max_tokens=args.max_tokens, num_prefixes=args.num_prefixes,
-        questions_per_prefix=args.questions_per_prefix, prefix_min_chars=int(lo), prefix_max_chars=int(hi or lo),
+        questions_per_prefix=args.questions_per_prefix,
+        prefix_min_chars=int(lo), prefix_max_chars=int(hi or lo),
         fewshot_questions=args.fewshot_questions, oasst_conversations=args.oasst_conversations,
         glaive_conversations=args.glaive_conversations, agent_sources=tuple(args.agent_sources),
-        agent_max_calls=args.agent_max_calls, max_prompt_tokens=args.max_prompt_tokens, burst_size=args.burst_size,
-        tenants=args.tenants, tenant_prefixes=args.tenant_prefixes, tenant_questions=args.tenant_questions,
+        agent_max_calls=args.agent_max_calls, max_prompt_tokens=args.max_prompt_tokens,
+        burst_size=args.burst_size, tenants=args.tenants, tenant_prefixes=args.tenant_prefixes,
+        tenant_questions=args.tenant_questions,
         requests_file=args.requests)
 
 
@@ -126,7 +146,8 @@ def workload_names(spec: str, requests_file: str | None) -> list[str]:
     names = _csv(spec)
     bad = [n for n in names if n not in WORKLOADS]
     if bad:
-        raise SystemExit(f"prefixcache bench: unknown workload {bad[0]!r}; choose from {', '.join(WORKLOADS)} or all")
+        raise SystemExit(f"prefixcache bench: unknown workload {bad[0]!r}; "
+                         f"choose from {', '.join(WORKLOADS)} or all")
     if "replay" in names and not requests_file:
         raise SystemExit("prefixcache bench: the replay workload needs --requests FILE")
     return names
@@ -137,7 +158,9 @@ def run(args) -> int:
     from prefixcache.bench.peers import PEER_NAMES
     from prefixcache.bench.runner import BenchOptions, load_runs, run_bench
 
-    command = "prefixcache bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else None
+    command = None
+    if len(sys.argv) > 2:
+        command = "prefixcache bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     if args.report_only:
         if not args.out:
             raise SystemExit("prefixcache bench: --report-only needs --out DIR")
@@ -146,20 +169,24 @@ def run(args) -> int:
             raise SystemExit(f"prefixcache bench: no runs under {args.out / 'runs'}")
         ctx_file = args.out / "runs" / "context.json"
         context = json.loads(ctx_file.read_text()) if ctx_file.is_file() else {}
-        report.write_reports(runs, args.out, context=context.get("context"), command=context.get("command"))
+        report.write_reports(runs, args.out, context=context.get("context"),
+                             command=context.get("command"))
         print(f"wrote {args.out / 'RESULTS.md'}")
         return 0
     bad = [p for p in args.peers if p not in PEER_NAMES]
     if bad:
-        raise SystemExit(f"prefixcache bench: unknown peer {bad[0]!r}; choose from {', '.join(PEER_NAMES)}")
+        raise SystemExit(f"prefixcache bench: unknown peer {bad[0]!r}; "
+                         f"choose from {', '.join(PEER_NAMES)}")
     if min(args.concurrency, args.offline_concurrency, args.threads) < 1:
-        raise SystemExit("prefixcache bench: --concurrency, --offline-concurrency and --threads must be >= 1")
+        raise SystemExit("prefixcache bench: --concurrency, --offline-concurrency and --threads "
+                         "must be >= 1")
     opts = BenchOptions(
         workloads=workload_names(args.workload, args.requests), model=args.model, peers=args.peers,
-        modes=["offline", "serving"] if args.mode == "all" else [args.mode], concurrency=args.concurrency,
-        offline_concurrency=args.offline_concurrency,
-        threads=args.threads, dtype=args.dtype, block_size=args.block_size, kv_cache_gib=args.kv_cache_gib,
-        api=args.api, time_scale=args.time_scale, workload_config=workload_config(args), out_dir=args.out,
+        modes=["offline", "serving"] if args.mode == "all" else [args.mode],
+        concurrency=args.concurrency, offline_concurrency=args.offline_concurrency,
+        threads=args.threads, dtype=args.dtype, block_size=args.block_size,
+        kv_cache_gib=args.kv_cache_gib, api=args.api, time_scale=args.time_scale,
+        workload_config=workload_config(args), out_dir=args.out,
         json_path=args.json, work_dir=args.work_dir, progress=not args.no_progress)
     # `kill PID` stops the bench like Ctrl-C: servers it started are stopped on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -58,7 +59,8 @@ def request_body(target: ServingTarget, req: BenchRequest, prompt: Prompt) -> tu
             body["tools"] = req.tools
     elif target.api == "chat":
         path = "/v1/chat/completions"
-        body["messages"] = [{"role": "user", "content": prompt.text if prompt.text is not None else req.prompt}]
+        content = prompt.text if prompt.text is not None else req.prompt
+        body["messages"] = [{"role": "user", "content": content}]
     else:
         path = "/v1/completions"
         body["prompt"] = prompt.text if prompt.text is not None else prompt.token_ids
@@ -76,8 +78,8 @@ def _chunk_has_token(chunk: dict) -> bool:
     return False
 
 
-async def send_one(client: httpx.AsyncClient, target: ServingTarget, req: BenchRequest, prompt: Prompt,
-                   t0: float) -> RequestResult:
+async def send_one(client: httpx.AsyncClient, target: ServingTarget, req: BenchRequest,
+                   prompt: Prompt, t0: float) -> RequestResult:
     path, body = request_body(target, req, prompt)
     send = time.perf_counter() - t0
     first = end = None
@@ -85,8 +87,8 @@ async def send_one(client: httpx.AsyncClient, target: ServingTarget, req: BenchR
     usage: dict | None = None
     error = None
     try:
-        async with client.stream("POST", target.base_url + path, json=body, headers=target.headers(req),
-                                 timeout=target.timeout_s) as resp:
+        async with client.stream("POST", target.base_url + path, json=body,
+                                 headers=target.headers(req), timeout=target.timeout_s) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 error = f"HTTP {resp.status_code}: {text[:300]}"
@@ -120,7 +122,8 @@ async def send_one(client: httpx.AsyncClient, target: ServingTarget, req: BenchR
         prompt_tokens=(usage or {}).get("prompt_tokens") or len(prompt.token_ids),
         cached_tokens=cached, output_tokens=(usage or {}).get("completion_tokens") or chunks,
         send_time=send, first_token_time=first, end_time=end,
-        reference_prompt_tokens=ref.get("prompt_tokens"), reference_cached_tokens=ref.get("cached_tokens"),
+        reference_prompt_tokens=ref.get("prompt_tokens"),
+        reference_cached_tokens=ref.get("cached_tokens"),
         error=error if error else (None if first is not None else "no token received"))
 
 
@@ -131,18 +134,21 @@ class ServingRun:
     extra: dict = field(default_factory=dict)
 
 
-async def run_workload(target: ServingTarget, reqs: list[BenchRequest], prompts: dict[str, Prompt], *,
-                       concurrency: int, time_scale: float = 1.0, on_done: Callable[[RequestResult], None] | None = None,
+async def run_workload(target: ServingTarget, reqs: list[BenchRequest],
+                       prompts: dict[str, Prompt], *, concurrency: int, time_scale: float = 1.0,
+                       on_done: Callable[[RequestResult], None] | None = None,
                        on_tick: Callable[[], None] | None = None,
                        transport: httpx.AsyncBaseTransport | None = None) -> ServingRun:
     """Send ``reqs`` following :class:`SessionScheduler`; ``on_done`` after each request
     (progress bar), ``on_tick`` about twice a second (memory sampling); ``transport``
     replaces the network (tests)."""
     sched = SessionScheduler(reqs, concurrency, time_scale=time_scale)
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    limits = httpx.Limits(max_connections=concurrency + 4,
+                          max_keepalive_connections=concurrency + 4)
     results: list[RequestResult] = []
     t0 = time.perf_counter()
-    async with httpx.AsyncClient(limits=limits, timeout=target.timeout_s, transport=transport) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=target.timeout_s,
+                                 transport=transport) as client:
         tasks: dict[asyncio.Task, BenchRequest] = {}
         while not sched.done:
             now = time.perf_counter() - t0

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from prefixcache.paths import data_root
 
@@ -81,13 +82,14 @@ def oasst_paths(root: Path | None = None) -> list[tuple[str, list[dict]]]:
     return out
 
 
-def oasst_best_path(node: dict) -> list[dict]:
+def oasst_best_path(node: dict | None) -> list[dict]:
     msgs = []
     while node is not None:
         role = "user" if node["role"] == "prompter" else "assistant"
         msgs.append({"role": role, "content": node["text"]})
         replies = node.get("replies") or []
-        node = min(replies, key=lambda r: (r.get("rank") is None, r.get("rank") or 0)) if replies else None
+        node = (min(replies, key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
+                if replies else None)
     return msgs
 
 
@@ -101,7 +103,8 @@ class ToolConversation:
 
 
 def glaive_conversations(root: Path | None = None) -> list[ToolConversation]:
-    raw = json.loads(data_path("glaive_toolcall", "glaive_toolcall_en_demo.json", root=root).read_text())
+    path = data_path("glaive_toolcall", "glaive_toolcall_en_demo.json", root=root)
+    raw = json.loads(path.read_text())
     return [glaive_to_openai(item) for item in raw]
 
 
@@ -142,7 +145,8 @@ class Trajectory:
     name: str
     source: str  # "mini-swe-agent/deepseek" | "mini-swe-agent" | "swe-agent"
     messages: list[dict]
-    recorded: dict[int, dict] = field(default_factory=dict)  # idx -> {"prompt_tokens", "cached_tokens"}
+    # message index -> {"prompt_tokens", "cached_tokens"}
+    recorded: dict[int, dict] = field(default_factory=dict)
 
 
 def agent_trajectories(root: Path | None = None) -> list[Trajectory]:
@@ -161,10 +165,13 @@ def agent_trajectories(root: Path | None = None) -> list[Trajectory]:
 def load_trajectory(path: Path, source: str) -> Trajectory:
     data = json.loads(Path(path).read_text())
     raw = data if isinstance(data, list) else (data.get("messages") or data.get("history"))
-    msgs, recorded = [], {}
+    msgs: list[dict] = []
+    recorded: dict[int, dict] = {}
     for m in raw:
         msg = normalize_message(m)
-        usage = (((m.get("extra") or {}).get("response") or {}).get("usage")) if isinstance(m, dict) else None
+        usage = None
+        if isinstance(m, dict):
+            usage = ((m.get("extra") or {}).get("response") or {}).get("usage")
         if msg["role"] == "assistant" and usage:
             details = usage.get("prompt_tokens_details") or {}
             recorded[len(msgs)] = {"prompt_tokens": usage.get("prompt_tokens"),
@@ -172,6 +179,11 @@ def load_trajectory(path: Path, source: str) -> Trajectory:
         msgs.append(msg)
     name = Path(path).name.split(".traj")[0]
     return Trajectory(name, source, _pair_tool_messages(msgs), recorded)
+
+
+def _json_text(value: Any) -> str:
+    """``value`` itself when it is already a string, else its JSON text."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def normalize_message(m: dict) -> dict:
@@ -189,8 +201,7 @@ def normalize_message(m: dict) -> dict:
         out["tool_calls"] = [{
             "id": c.get("id") or f"call_{i}", "type": "function",
             "function": {"name": c["function"]["name"],
-                         "arguments": c["function"].get("arguments") if isinstance(c["function"].get("arguments"), str)
-                         else json.dumps(c["function"].get("arguments"))},
+                         "arguments": _json_text(c["function"].get("arguments"))},
         } for i, c in enumerate(calls)]
     call_id = m.get("tool_call_id")
     if call_id is None and m.get("tool_call_ids"):

@@ -25,6 +25,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,9 +33,10 @@ from prefixcache.engine.args import add_engine_args
 
 DEFAULT_MODEL = "llama-60m-random"
 DEFAULT_MODEL_NAME = "Llama ~60M random (hidden 512, 8 layers, 8/4 heads, 1408, vocab 32000)"
-BENCH_CONFIG = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                    num_attention_heads=8, num_key_value_heads=4, vocab_size=32000,
-                    max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False)
+BENCH_CONFIG: dict[str, Any] = dict(
+    hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
+    num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+    tie_word_embeddings=False)
 
 
 def bench_model_dir(root: Path) -> Path:

@@ -20,9 +20,9 @@ offline peers, the HTTP client for serving peers):
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -82,12 +82,13 @@ def mean(values: Iterable[float | None]) -> float | None:
 def hit_rate(results: Iterable[RequestResult]) -> float | None:
     rs = [r for r in results if r.cached_tokens is not None and r.error is None]
     prompt = sum(r.prompt_tokens for r in rs)
-    return sum(r.cached_tokens for r in rs) / prompt if prompt else None
+    return sum(r.cached_tokens or 0 for r in rs) / prompt if prompt else None
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
     """Total length covered by the union of ``[start, end]`` intervals."""
-    total, cur_s, cur_e = 0.0, None, None
+    total, cur_s = 0.0, 0.0
+    cur_e: float | None = None
     for s, e in sorted(intervals):
         if cur_e is None or s > cur_e:
             if cur_e is not None:
@@ -102,7 +103,8 @@ def union_length(intervals: Iterable[tuple[float, float]]) -> float:
 
 def effective_prefill_throughput(results: list[RequestResult]) -> float | None:
     ok = [r for r in results if r.first_token_time is not None and r.error is None]
-    busy = union_length((r.send_time, r.first_token_time) for r in ok)
+    busy = union_length((r.send_time, r.first_token_time) for r in ok
+                        if r.first_token_time is not None)
     return sum(r.prompt_tokens for r in ok) / busy if busy > 0 else None
 
 
@@ -130,7 +132,8 @@ def cross_tenant_hits(results: list[RequestResult], token_ids: dict[str, list[in
         seen_by = r.first_token_time if r.first_token_time is not None else r.end_time
         ids = token_ids[r.id]
         best = max((len(os.path.commonprefix([ids, token_ids[e.id]])) for e in results
-                    if e is not r and e.tenant == r.tenant and (seen_by is None or e.send_time < seen_by)),
+                    if e is not r and e.tenant == r.tenant
+                    and (seen_by is None or e.send_time < seen_by)),
                    default=0)
         bound = -(-best // block_size) * block_size
         if r.cached_tokens > bound:
@@ -239,11 +242,13 @@ class RunInfo:
     peer_detail: dict = field(default_factory=dict)
 
 
-def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, peak_rss: int | None,
-              prefill_tokens_computed: int | None = None, token_ids: dict[str, list[int]] | None = None,
+def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float,
+              peak_rss: int | None, prefill_tokens_computed: int | None = None,
+              token_ids: dict[str, list[int]] | None = None,
               reference_hit_rate: float | None = None, cache_stats: dict | None = None,
               cached_tokens_total: int | None = None) -> dict:
-    """One JSON-ready object per run (the keys are documented in :mod:`prefixcache.bench.report`).
+    """One JSON-ready object per run (the keys are documented in
+    :mod:`prefixcache.bench.report`).
 
     ``cached_tokens_total``: for a peer that reports no per-request cached tokens but
     whose total prefix reuse is known (llama.cpp's log); it sets ``cached_tokens`` and
@@ -253,7 +258,7 @@ def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, pea
     reports_cached = any(r.cached_tokens is not None for r in ok)
     cached = sum(r.cached_tokens or 0 for r in ok) if reports_cached else None
     out_tok = sum(r.output_tokens for r in ok)
-    if prefill_tokens_computed is None and reports_cached:
+    if prefill_tokens_computed is None and cached is not None:  # i.e. reports_cached
         prefill_tokens_computed = prompt - cached
     cold = [r for r in ok if r.warm_expected is False]
     warm = [r for r in ok if r.warm_expected]
@@ -264,14 +269,17 @@ def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, pea
         run_hit_rate = cached / prompt if prompt else None
     d = asdict(info)
     d.update(
-        requests=len(results), errors=len(results) - len(ok), prompt_tokens=prompt, cached_tokens=cached,
-        cached_tokens_source=source, hit_rate=run_hit_rate, prefill_tokens_computed=prefill_tokens_computed,
+        requests=len(results), errors=len(results) - len(ok), prompt_tokens=prompt,
+        cached_tokens=cached, cached_tokens_source=source, hit_rate=run_hit_rate,
+        prefill_tokens_computed=prefill_tokens_computed,
         prefill_computed_fraction=(prefill_tokens_computed / prompt
                                    if prefill_tokens_computed is not None and prompt else None),
         output_tokens=out_tok,
-        ttft_p50_s=percentile((r.ttft for r in ok), 50), ttft_p90_s=percentile((r.ttft for r in ok), 90),
+        ttft_p50_s=percentile((r.ttft for r in ok), 50),
+        ttft_p90_s=percentile((r.ttft for r in ok), 90),
         ttft_p99_s=percentile((r.ttft for r in ok), 99), ttft_mean_s=mean(r.ttft for r in ok),
-        ttft_cold_p50_s=percentile((r.ttft for r in cold), 50), ttft_warm_p50_s=percentile((r.ttft for r in warm), 50),
+        ttft_cold_p50_s=percentile((r.ttft for r in cold), 50),
+        ttft_warm_p50_s=percentile((r.ttft for r in warm), 50),
         cold_requests=len(cold), warm_requests=len(warm), warm_hit_rate=hit_rate(warm),
         tpot_p50_s=percentile((r.tpot for r in ok), 50), tpot_mean_s=mean(r.tpot for r in ok),
         e2e_p50_s=percentile((r.e2e for r in ok), 50),
@@ -285,7 +293,8 @@ def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, pea
         d["ttft_cold_over_warm"] = d["ttft_cold_p50_s"] / d["ttft_warm_p50_s"]
     if info.workload == "multi-tenant" or len({r.tenant for r in ok}) > 1:
         if token_ids is not None and reports_cached:
-            d["cross_tenant_hits"], d["cross_tenant_tokens"] = cross_tenant_hits(ok, token_ids, info.block_size)
+            d["cross_tenant_hits"], d["cross_tenant_tokens"] = cross_tenant_hits(
+                ok, token_ids, info.block_size)
         else:
             d["cross_tenant_hits"] = d["cross_tenant_tokens"] = None
     if reference_hit_rate is not None:
@@ -293,7 +302,8 @@ def summarize(info: RunInfo, results: list[RequestResult], *, wall_s: float, pea
         d["reference_hit_rate"] = reference_hit_rate
         d["reference_calls"] = len(with_ref)
         d["hit_rate_on_reference_calls"] = hit_rate(with_ref)
-        d["reference"] = "DeepSeek production usage.prompt_tokens_details.cached_tokens over the same calls"
+        d["reference"] = ("DeepSeek production usage.prompt_tokens_details.cached_tokens "
+                          "over the same calls")
     if cache_stats:
         d["cache_stats"] = cache_stats
     d["per_request"] = [r.to_dict() for r in results]

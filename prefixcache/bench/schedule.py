@@ -23,7 +23,8 @@ class SessionScheduler:
         queues: dict[str, list[BenchRequest]] = {}
         for r in reqs:
             queues.setdefault(r.session, []).append(r)
-        self.queues = {s: deque(sorted(q, key=lambda r: (r.turn, self.order[r.id]))) for s, q in queues.items()}
+        self.queues = {s: deque(sorted(q, key=lambda r: (r.turn, self.order[r.id])))
+                       for s, q in queues.items()}
         self.busy: set[str] = set()
         self.in_flight: dict[str, BenchRequest] = {}
         self.remaining = len(reqs)

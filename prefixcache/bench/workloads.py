@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prefixcache.bench import datasets
 
@@ -142,35 +143,43 @@ def build_workload(name: str, cfg: WorkloadConfig | None = None, *, measure: Mea
 
 
 # --------------------------------------------------------------------------- shared-prefix
-def pick_system_prompts(patterns: dict[str, str], n: int, min_chars: int, max_chars: int) -> list[tuple[str, str]]:
+def pick_system_prompts(patterns: dict[str, str], n: int, min_chars: int,
+                        max_chars: int) -> list[tuple[str, str]]:
     """``n`` distinct system prompts: among the patterns whose length is within
     ``[min_chars, max_chars]`` (sorted by name), evenly spaced ones first, skipping any
     that shares a quarter or more of its text as a common prefix with one already picked
     (variants such as ``analyze_paper`` / ``analyze_paper_simple``); if too few qualify,
     the others closest in length to the range."""
     inside = sorted(k for k, v in patterns.items() if min_chars <= len(v) <= max_chars)
-    outside = sorted((k for k in patterns if k not in inside),
-                     key=lambda k: (min(abs(len(patterns[k]) - min_chars), abs(len(patterns[k]) - max_chars)), k))
+
+    def distance(k: str) -> tuple[int, str]:
+        return min(abs(len(patterns[k]) - min_chars), abs(len(patterns[k]) - max_chars)), k
+
+    outside = sorted((k for k in patterns if k not in inside), key=distance)
     m = len(inside)
-    spaced = [inside[round(i * (m - 1) / (n - 1))] if n > 1 else inside[0] for i in range(min(n, m))] if m else []
+    spaced = ([inside[round(i * (m - 1) / (n - 1))] if n > 1 else inside[0]
+               for i in range(min(n, m))] if m else [])
     order = list(dict.fromkeys(spaced + inside + outside))
     picked: list[str] = []
     for k in order:
         if len(picked) == n:
             break
         text = patterns[k]
-        if all(len(os.path.commonprefix([text, patterns[p]])) < 0.25 * min(len(text), len(patterns[p])) for p in picked):
+        if all(len(os.path.commonprefix([text, patterns[p]]))
+               < 0.25 * min(len(text), len(patterns[p])) for p in picked):
             picked.append(k)
     return [(k, patterns[k]) for k in picked]
 
 
 def user_questions(root: Path | None, max_chars: int) -> list[str]:
     """Human-written first questions of the OpenAssistant trees, at most ``max_chars``."""
-    return [msgs[0]["content"] for _, msgs in datasets.oasst_paths(root) if len(msgs[0]["content"]) <= max_chars]
+    return [msgs[0]["content"] for _, msgs in datasets.oasst_paths(root)
+            if len(msgs[0]["content"]) <= max_chars]
 
 
-def shared_prefix_requests(system_prompts: list[tuple[str, str]], questions: list[str], per_prefix: int,
-                           *, seed: int, max_tokens: int, workload: str = "shared-prefix",
+def shared_prefix_requests(system_prompts: list[tuple[str, str]], questions: list[str],
+                           per_prefix: int, *, seed: int, max_tokens: int,
+                           workload: str = "shared-prefix",
                            tenant: str | None = None, shuffle: bool = True) -> list[BenchRequest]:
     """``len(system_prompts) * per_prefix`` independent requests; question ``j`` of prefix
     ``i`` is ``questions[(i * per_prefix + j) % len(questions)]``."""
@@ -221,8 +230,9 @@ def few_shot(cfg: WorkloadConfig, root: Path | None = None) -> list[BenchRequest
 
 
 # --------------------------------------------------------------------------- multi-turn
-def conversation_requests(session: str, messages: list[dict], *, tools: list[dict] | None = None,
-                          system: str | None = None, max_tokens: int, measure: Measure = approx_tokens,
+def conversation_requests(session: str, messages: list[dict], *,
+                          tools: list[dict] | None = None, system: str | None = None,
+                          max_tokens: int, measure: Measure = approx_tokens,
                           max_prompt_tokens: int | None = None, max_calls: int | None = None,
                           references: dict[int, dict] | None = None,
                           group: str | None = None) -> list[BenchRequest]:
@@ -248,25 +258,27 @@ def conversation_requests(session: str, messages: list[dict], *, tools: list[dic
     return reqs
 
 
-def multi_turn(cfg: WorkloadConfig, measure: Measure = approx_tokens, root: Path | None = None) -> list[BenchRequest]:
+def multi_turn(cfg: WorkloadConfig, measure: Measure = approx_tokens,
+               root: Path | None = None) -> list[BenchRequest]:
     """``oasst_conversations`` OpenAssistant paths and ``glaive_conversations`` glaive
     conversations with at least ``min_user_turns`` user turns, in file order, interleaved."""
-    oasst = []
+    oasst: list[list[BenchRequest]] = []
     for tree_id, msgs in datasets.oasst_paths(root):
         if len(oasst) >= cfg.oasst_conversations:
             break
         if sum(m["role"] == "user" for m in msgs) >= cfg.min_user_turns:
-            reqs = conversation_requests(f"oasst/{tree_id[:8]}", msgs, max_tokens=cfg.max_tokens, measure=measure,
-                                         max_prompt_tokens=cfg.max_prompt_tokens)
+            reqs = conversation_requests(f"oasst/{tree_id[:8]}", msgs, max_tokens=cfg.max_tokens,
+                                         measure=measure, max_prompt_tokens=cfg.max_prompt_tokens)
             if reqs:
                 oasst.append(reqs)
-    glaive = []
+    glaive: list[list[BenchRequest]] = []
     for k, conv in enumerate(datasets.glaive_conversations(root)):
         if len(glaive) >= cfg.glaive_conversations:
             break
         if sum(m["role"] == "user" for m in conv.messages) >= cfg.min_user_turns:
-            reqs = conversation_requests(f"glaive/{k}", conv.messages, tools=conv.tools, max_tokens=cfg.max_tokens,
-                                         measure=measure, max_prompt_tokens=cfg.max_prompt_tokens)
+            reqs = conversation_requests(f"glaive/{k}", conv.messages, tools=conv.tools,
+                                         max_tokens=cfg.max_tokens, measure=measure,
+                                         max_prompt_tokens=cfg.max_prompt_tokens)
             if reqs:
                 glaive.append(reqs)
     return interleave_sessions(oasst + glaive)
@@ -275,7 +287,7 @@ def multi_turn(cfg: WorkloadConfig, measure: Measure = approx_tokens, root: Path
 def interleave_sessions(sessions: list[list[BenchRequest]]) -> list[BenchRequest]:
     """Round-robin by turn: every session's turn 0, then every turn 1, ... (the order in
     which a fair client would issue them)."""
-    out = []
+    out: list[BenchRequest] = []
     depth = max((len(s) for s in sessions), default=0)
     for t in range(depth):
         out.extend(s[t] for s in sessions if t < len(s))
@@ -283,13 +295,15 @@ def interleave_sessions(sessions: list[list[BenchRequest]]) -> list[BenchRequest
 
 
 # --------------------------------------------------------------------------- agent
-def agent(cfg: WorkloadConfig, measure: Measure = approx_tokens, root: Path | None = None) -> list[BenchRequest]:
+def agent(cfg: WorkloadConfig, measure: Measure = approx_tokens,
+          root: Path | None = None) -> list[BenchRequest]:
     sessions = []
     for traj in datasets.agent_trajectories(root):
         if traj.source not in cfg.agent_sources:
             continue
-        reqs = conversation_requests(f"{traj.source}/{traj.name}", traj.messages, max_tokens=cfg.max_tokens,
-                                     measure=measure, max_prompt_tokens=cfg.max_prompt_tokens,
+        reqs = conversation_requests(f"{traj.source}/{traj.name}", traj.messages,
+                                     max_tokens=cfg.max_tokens, measure=measure,
+                                     max_prompt_tokens=cfg.max_prompt_tokens,
                                      max_calls=cfg.agent_max_calls, references=traj.recorded)
         if reqs:
             sessions.append(reqs)
@@ -306,27 +320,32 @@ def reference_hit_rate(reqs: list[BenchRequest]) -> float | None:
 
 
 # --------------------------------------------------------------------------- cold-burst
-def cold_burst_requests(system: tuple[str, str], question: str, n: int, *, max_tokens: int) -> list[BenchRequest]:
+def cold_burst_requests(system: tuple[str, str], question: str, n: int, *,
+                        max_tokens: int) -> list[BenchRequest]:
     msgs = [{"role": "system", "content": system[1]}, {"role": "user", "content": question}]
-    return [BenchRequest(id=f"burst/{i}", session=f"burst/{i}", group=system[0], messages=[dict(m) for m in msgs],
-                         max_tokens=max_tokens, warm_expected=False) for i in range(n)]
+    return [BenchRequest(id=f"burst/{i}", session=f"burst/{i}", group=system[0],
+                         messages=[dict(m) for m in msgs], max_tokens=max_tokens,
+                         warm_expected=False) for i in range(n)]
 
 
 def cold_burst(cfg: WorkloadConfig, root: Path | None = None) -> list[BenchRequest]:
-    system = pick_system_prompts(datasets.fabric_patterns(root), 1, cfg.prefix_min_chars, cfg.prefix_max_chars)[0]
+    system = pick_system_prompts(datasets.fabric_patterns(root), 1, cfg.prefix_min_chars,
+                                 cfg.prefix_max_chars)[0]
     question = user_questions(root, cfg.question_max_chars)[0]
     return cold_burst_requests(system, question, cfg.burst_size, max_tokens=cfg.max_tokens)
 
 
 # --------------------------------------------------------------------------- multi-tenant
-def multi_tenant_requests(system_prompts: list[tuple[str, str]], questions: list[str], per_prefix: int,
-                          tenants: int, *, seed: int, max_tokens: int) -> list[BenchRequest]:
+def multi_tenant_requests(system_prompts: list[tuple[str, str]], questions: list[str],
+                          per_prefix: int, tenants: int, *, seed: int,
+                          max_tokens: int) -> list[BenchRequest]:
     """Every tenant sends the same shared-prefix requests (each tenant's own order is
     shuffled with ``seed + t``); tenants are interleaved round-robin."""
     per_tenant = [shared_prefix_requests(system_prompts, questions, per_prefix, seed=seed + t,
-                                         max_tokens=max_tokens, workload="multi-tenant", tenant=f"tenant{t}")
+                                         max_tokens=max_tokens, workload="multi-tenant",
+                                         tenant=f"tenant{t}")
                   for t in range(tenants)]
-    out = []
+    out: list[BenchRequest] = []
     for k in range(max(len(x) for x in per_tenant)):
         out.extend(x[k] for x in per_tenant if k < len(x))
     return out
@@ -336,8 +355,8 @@ def multi_tenant(cfg: WorkloadConfig, root: Path | None = None) -> list[BenchReq
     systems = pick_system_prompts(datasets.fabric_patterns(root), cfg.tenant_prefixes,
                                   cfg.prefix_min_chars, cfg.prefix_max_chars)
     questions = user_questions(root, cfg.question_max_chars)
-    return multi_tenant_requests(systems, questions, cfg.tenant_questions, cfg.tenants, seed=cfg.seed,
-                                 max_tokens=cfg.max_tokens)
+    return multi_tenant_requests(systems, questions, cfg.tenant_questions, cfg.tenants,
+                                 seed=cfg.seed, max_tokens=cfg.max_tokens)
 
 
 # --------------------------------------------------------------------------- replay
@@ -355,16 +374,19 @@ def parse_replay(path: str | Path, *, default_max_tokens: int = 16) -> list[Benc
     reqs: list[BenchRequest] = []
     turns: dict[str, int] = {}
     for n, obj in datasets.read_jsonl(Path(path)):
-        body = obj["body"] if isinstance(obj.get("body"), dict) else {k: v for k, v in obj.items()
-                                                                      if k not in REPLAY_META_KEYS}
+        if isinstance(obj.get("body"), dict):
+            body = obj["body"]
+        else:
+            body = {k: v for k, v in obj.items() if k not in REPLAY_META_KEYS}
         messages, prompt = body.get("messages"), body.get("prompt")
         if (messages is None) == (prompt is None):
             raise ValueError(f"{path}:{n}: a request needs exactly one of 'messages' and 'prompt'")
-        if prompt is not None and not (isinstance(prompt, str) or
-                                       (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))):
+        token_ids = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        if prompt is not None and not (isinstance(prompt, str) or token_ids):
             raise ValueError(f"{path}:{n}: 'prompt' must be a string or a list of token ids")
-        if messages is not None and not (isinstance(messages, list) and
-                                         all(isinstance(m, dict) and "role" in m for m in messages)):
+        if messages is not None and not (
+                isinstance(messages, list)
+                and all(isinstance(m, dict) and "role" in m for m in messages)):
             raise ValueError(f"{path}:{n}: 'messages' must be a list of {{role, content}} objects")
         ts = obj.get("timestamp")
         if ts is not None and not isinstance(ts, (int, float)):
@@ -372,7 +394,8 @@ def parse_replay(path: str | Path, *, default_max_tokens: int = 16) -> list[Benc
         session = str(obj["session"]) if obj.get("session") is not None else f"line{n}"
         turn = turns.get(session, 0)
         turns[session] = turn + 1
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or default_max_tokens
+        max_tokens = (body.get("max_tokens") or body.get("max_completion_tokens")
+                      or default_max_tokens)
         reqs.append(BenchRequest(id=f"line{n}", session=session, turn=turn, group=session,
                                  messages=messages, tools=body.get("tools"), prompt=prompt,
                                  tenant=obj.get("tenant"), max_tokens=int(max_tokens),
@@ -381,12 +404,14 @@ def parse_replay(path: str | Path, *, default_max_tokens: int = 16) -> list[Benc
     stamps = [r.arrival_s for r in reqs if r.arrival_s is not None]
     if stamps:
         t0 = min(stamps)
-        reqs = [replace(r, arrival_s=r.arrival_s - t0 if r.arrival_s is not None else None) for r in reqs]
+        reqs = [replace(r, arrival_s=r.arrival_s - t0 if r.arrival_s is not None else None)
+                for r in reqs]
     return reqs
 
 
 def replay(cfg: WorkloadConfig) -> list[BenchRequest]:
     if not cfg.requests_file:
-        raise ValueError("the replay workload needs --requests FILE (a JSONL log of OpenAI request bodies)")
+        raise ValueError("the replay workload needs --requests FILE "
+                         "(a JSONL log of OpenAI request bodies)")
     return parse_replay(cfg.requests_file, default_max_tokens=cfg.max_tokens)
 

@@ -19,15 +19,17 @@ def parse(*argv):
 def test_defaults_and_sizes():
     a = parse()
     assert a.workload == "all" and a.model == "bench" and a.mode == "all" and a.concurrency == 4
-    assert a.offline_concurrency == 1 and a.peers == ["prefixcache", "prefixcache-nocache", "transformers",
-                                                      "vllm", "llamacpp"]
-    cfg = cli.workload_config(parse("--num-prefixes", "8", "--prefix-chars", "100:200", "--max-tokens", "32"))
-    assert (cfg.num_prefixes, cfg.prefix_min_chars, cfg.prefix_max_chars, cfg.max_tokens) == (8, 100, 200, 32)
+    assert a.offline_concurrency == 1
+    assert a.peers == ["prefixcache", "prefixcache-nocache", "transformers", "vllm", "llamacpp"]
+    cfg = cli.workload_config(parse("--num-prefixes", "8", "--prefix-chars", "100:200",
+                                    "--max-tokens", "32"))
+    got = (cfg.num_prefixes, cfg.prefix_min_chars, cfg.prefix_max_chars, cfg.max_tokens)
+    assert got == (8, 100, 200, 32)
 
 
 def test_workload_names():
-    assert cli.workload_names("all", None) == ["shared-prefix", "few-shot", "multi-turn", "agent", "cold-burst",
-                                               "multi-tenant"]
+    assert cli.workload_names("all", None) == ["shared-prefix", "few-shot", "multi-turn", "agent",
+                                               "cold-burst", "multi-tenant"]
     assert cli.workload_names("all", "log.jsonl")[-1] == "replay"
     assert cli.workload_names("agent,few-shot", None) == ["agent", "few-shot"]
     with pytest.raises(SystemExit, match="unknown workload 'nope'"):
@@ -44,12 +46,14 @@ def test_unknown_peer_is_refused():
 def test_report_only_rebuilds_from_saved_runs(tmp_path):
     from prefixcache.bench.metrics import RequestResult, RunInfo, summarize
 
-    info = RunInfo(workload="shared-prefix", model="bench", peer="prefixcache", mode="offline", dtype="float32",
-                   threads=2, concurrency=1, machine="test")
-    rs = [RequestResult(id="a", session="a", turn=0, group="g", tenant=None, warm_expected=False, prompt_tokens=10,
-                        cached_tokens=0, output_tokens=2, send_time=0.0, first_token_time=0.5, end_time=0.6)]
+    info = RunInfo(workload="shared-prefix", model="bench", peer="prefixcache", mode="offline",
+                   dtype="float32", threads=2, concurrency=1, machine="test")
+    rs = [RequestResult(id="a", session="a", turn=0, group="g", tenant=None, warm_expected=False,
+                        prompt_tokens=10, cached_tokens=0, output_tokens=2, send_time=0.0,
+                        first_token_time=0.5, end_time=0.6)]
     (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "shared-prefix__prefixcache__offline.json").write_text(json.dumps(summarize(info, rs, wall_s=1.0, peak_rss=None)))
+    summary = summarize(info, rs, wall_s=1.0, peak_rss=None)
+    (tmp_path / "runs" / "shared-prefix__prefixcache__offline.json").write_text(json.dumps(summary))
     assert cli.run(parse("--report-only", "--out", str(tmp_path))) == 0
     assert "shared-prefix" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "RESULTS.md").is_file()

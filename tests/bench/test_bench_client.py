@@ -12,7 +12,8 @@ from prefixcache.bench.workloads import BenchRequest
 
 
 def sse(*chunks) -> bytes:
-    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    events = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    return events + b"data: [DONE]\n\n"
 
 
 def fake_server(seen: list):
@@ -22,26 +23,32 @@ def fake_server(seen: list):
         if body["prompt"] == "fail":
             return httpx.Response(400, json={"error": {"message": "bad prompt", "param": "prompt"}})
         n = body["max_tokens"]
-        chunks = [{"choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]} for i in range(n)]
+        chunks = [{"choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}]}
+                  for i in range(n)]
         chunks[-1]["choices"][0]["finish_reason"] = "length"
         if body.get("stream_options", {}).get("include_usage"):
             chunks.append({"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": n,
                                                    "prompt_tokens_details": {"cached_tokens": 32}}})
-        return httpx.Response(200, content=sse(*chunks), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, content=sse(*chunks),
+                              headers={"content-type": "text/event-stream"})
     return httpx.MockTransport(handler)
 
 
 def test_workload_over_http_counts_tokens_and_follows_sessions():
-    reqs = [BenchRequest(id="a0", session="a", turn=0, prompt="x", max_tokens=3, tenant="t1", warm_expected=False),
-            BenchRequest(id="a1", session="a", turn=1, prompt="x y", max_tokens=2, tenant="t1", warm_expected=True),
+    reqs = [BenchRequest(id="a0", session="a", turn=0, prompt="x", max_tokens=3, tenant="t1",
+                         warm_expected=False),
+            BenchRequest(id="a1", session="a", turn=1, prompt="x y", max_tokens=2, tenant="t1",
+                         warm_expected=True),
             BenchRequest(id="bad", session="b", prompt="fail", max_tokens=2)]
-    prompts = {"a0": Prompt("x", [1] * 40), "a1": Prompt("x y", [1] * 41), "bad": Prompt("fail", [2])}
+    prompts = {"a0": Prompt("x", [1] * 40), "a1": Prompt("x y", [1] * 41),
+               "bad": Prompt("fail", [2])}
     seen: list = []
-    target = ServingTarget("http://peer", "bench", headers=lambda r: {"Authorization": f"Bearer key-{r.tenant}"},
+    target = ServingTarget("http://peer", "bench",
+                           headers=lambda r: {"Authorization": f"Bearer key-{r.tenant}"},
                            extra_body=lambda r: {"cache_salt": "s1"})
-    done = []
-    run = asyncio.run(run_workload(target, reqs, prompts, concurrency=4, transport=fake_server(seen),
-                                   on_done=done.append))
+    done: list = []
+    run = asyncio.run(run_workload(target, reqs, prompts, concurrency=4,
+                                   transport=fake_server(seen), on_done=done.append))
     by_id = {r.id: r for r in run.results}
     assert len(done) == 3
     a0 = by_id["a0"]
@@ -57,10 +64,12 @@ def test_workload_over_http_counts_tokens_and_follows_sessions():
 
 def test_server_without_usage_falls_back_to_counting():
     def handler(request):
-        chunks = [{"choices": [{"text": "a", "finish_reason": None}]}, {"choices": [{"text": "b", "finish_reason": "length"}]}]
+        chunks = [{"choices": [{"text": "a", "finish_reason": None}]},
+                  {"choices": [{"text": "b", "finish_reason": "length"}]}]
         return httpx.Response(200, content=sse(*chunks))
     reqs = [BenchRequest(id="r", session="r", prompt="p", max_tokens=2)]
-    run = asyncio.run(run_workload(ServingTarget("http://x", "m"), reqs, {"r": Prompt("p", [5, 6, 7])},
+    run = asyncio.run(run_workload(ServingTarget("http://x", "m"), reqs,
+                                   {"r": Prompt("p", [5, 6, 7])},
                                    concurrency=1, transport=httpx.MockTransport(handler)))
     r = run.results[0]
     assert (r.prompt_tokens, r.output_tokens, r.cached_tokens, r.error) == (3, 2, None, None)
@@ -70,7 +79,8 @@ def test_request_body_chat_and_token_ids():
     chat = BenchRequest(id="c", session="c", messages=[{"role": "user", "content": "hi"}],
                         tools=[{"type": "function", "function": {"name": "f"}}], max_tokens=4)
     path, body = request_body(ServingTarget("u", "m", api="chat"), chat, Prompt("<rendered>", [1]))
-    assert path == "/v1/chat/completions" and body["messages"] == chat.messages and body["tools"] == chat.tools
+    assert path == "/v1/chat/completions"
+    assert body["messages"] == chat.messages and body["tools"] == chat.tools
     path, body = request_body(ServingTarget("u", "m"), chat, Prompt("<rendered>", [1]))
     assert path == "/v1/completions" and body["prompt"] == "<rendered>"
     _, body = request_body(ServingTarget("u", "m"), chat, Prompt(None, [7, 8]))

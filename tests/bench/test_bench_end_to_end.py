@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from helpers.data import shared_data
 from prefixcache.bench import cli
 from tests.bench.test_bench_cli import parse
@@ -15,7 +13,8 @@ BURST = 3
 SMALL = ["--model", "builtin:tiny", "--peers", "prefixcache,prefixcache-nocache", "--no-progress",
          "--max-tokens", "3", "--num-prefixes", "2", "--questions-per-prefix", "2",
          "--prefix-chars", "300:400", "--fewshot-questions", "2", "--oasst-conversations", "1",
-         "--glaive-conversations", "1", "--agent-max-calls", "2", "--agent-sources", "mini-swe-agent",
+         "--glaive-conversations", "1", "--agent-max-calls", "2",
+         "--agent-sources", "mini-swe-agent",
          "--max-prompt-tokens", "3500", "--burst-size", str(BURST), "--tenants", "2",
          "--tenant-prefixes", "1", "--tenant-questions", "2", "--block-size", str(BLOCK),
          "--kv-cache-gib", "0.05"]
@@ -63,8 +62,10 @@ def check_counts(rows: dict, workloads: list[str]) -> None:
 def test_every_workload_offline_on_the_builtin_model(tmp_path):
     shared_data("agent_trajectories")
     text = "You are a careful assistant. " * 20
-    rows = run_rows(tmp_path, "offline", "all", ["--requests", replay_log(tmp_path / "log.jsonl", text)])
-    names = ["shared-prefix", "few-shot", "multi-turn", "agent", "cold-burst", "multi-tenant", "replay"]
+    rows = run_rows(tmp_path, "offline", "all",
+                    ["--requests", replay_log(tmp_path / "log.jsonl", text)])
+    names = ["shared-prefix", "few-shot", "multi-turn", "agent", "cold-burst", "multi-tenant",
+             "replay"]
     assert {w for w, _ in rows} == set(names)
     check_counts(rows, names)
     replay = rows[("replay", "prefixcache")]

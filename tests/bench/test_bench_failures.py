@@ -71,7 +71,8 @@ def test_a_peer_that_fails_to_start_is_reported_and_fails_the_command(tmp_path, 
                         lambda n, m: ExitsAtStart() if n == "vllm" else real(n, m))
     out = tmp_path / "out.jsonl"
     rc = cli.run(parse("--workload", "shared-prefix", "--model", "builtin:tiny",
-                       "--mode", "serving", "--peers", "prefixcache,vllm,transformers", "--no-progress",
+                       "--mode", "serving", "--peers", "prefixcache,vllm,transformers",
+                       "--no-progress",
                        "--max-tokens", "2", "--num-prefixes", "1", "--questions-per-prefix", "2",
                        "--prefix-chars", "300:400", "--kv-cache-gib", "0.05",
                        "--json", str(out), "--out", str(tmp_path / "o")))

@@ -46,7 +46,8 @@ def test_modes_and_models_peers_cannot_use(tmp_path):
         make_peer("llamacpp", "offline")
     assert make_peer("transformers", "serving").mode == "offline"  # no server: runs offline
     with pytest.raises(PeerUnavailable, match="needs a Hugging Face model directory"):
-        make_peer("transformers", "offline").check(PeerContext(model="builtin:tiny", model_dir=None))
+        make_peer("transformers", "offline").check(PeerContext(model="builtin:tiny",
+                                                               model_dir=None))
     with pytest.raises(ValueError, match="unknown peer"):
         make_peer("tgi", "serving")
 
@@ -58,9 +59,11 @@ def test_runner_skips_absent_peers_and_reports_why(tmp_path, monkeypatch):
     monkeypatch.setattr(runner.wl, "build_workload", lambda name, cfg, measure=None: [
         BenchRequest(id="r", session="r", prompt="hello", max_tokens=2)])
     import prefixcache.bench.peers.base as base
-    monkeypatch.setattr(base.PeerContext, "__init__", _patched_init(base.PeerContext.__init__, tmp_path))
-    opts = runner.BenchOptions(workloads=["few-shot"], peers=["vllm", "llamacpp"], modes=["serving", "offline"],
-                               workload_config=WorkloadConfig(), progress=False)
+    monkeypatch.setattr(base.PeerContext, "__init__",
+                        _patched_init(base.PeerContext.__init__, tmp_path))
+    opts = runner.BenchOptions(workloads=["few-shot"], peers=["vllm", "llamacpp"],
+                               modes=["serving", "offline"], workload_config=WorkloadConfig(),
+                               progress=False)
     logs: list[str] = []
     result = runner.run_bench(opts, log=logs.append)
     assert result.summaries == []
@@ -73,9 +76,10 @@ def test_runner_skips_absent_peers_and_reports_why(tmp_path, monkeypatch):
 
 def test_plan_runs_each_peer_in_the_modes_it_has():
     skipped, logs = [], []
-    plan = runner.plan_runs(["prefixcache", "transformers", "vllm"], ["offline", "serving"], skipped, logs.append)
-    assert plan == [("prefixcache", "offline"), ("transformers", "offline"), ("prefixcache", "serving"),
-                    ("vllm", "serving")]
+    plan = runner.plan_runs(["prefixcache", "transformers", "vllm"], ["offline", "serving"],
+                            skipped, logs.append)
+    assert plan == [("prefixcache", "offline"), ("transformers", "offline"),
+                    ("prefixcache", "serving"), ("vllm", "serving")]
     assert skipped == []
     plan = runner.plan_runs(["vllm", "transformers"], ["offline"], skipped, logs.append)
     assert plan == [("transformers", "offline")]
@@ -116,7 +120,8 @@ class FakeEngine:
         if len(ids) > 100:
             raise ValueError("prompt: too long")
         self.added.append((rid, len(ids), tenant))
-        self.running[rid] = {"ids": ids, "out": [], "max": params.max_tokens, "cached": 16 if ids[0] == 7 else 0}
+        self.running[rid] = {"ids": ids, "out": [], "max": params.max_tokens,
+                             "cached": 16 if ids[0] == 7 else 0}
 
     def has_unfinished_requests(self):
         return bool(self.running)
@@ -128,10 +133,11 @@ class FakeEngine:
                 self.counters["prefill_tokens_computed"] += len(st["ids"]) - st["cached"]
             st["out"].append(1)
             done = len(st["out"]) == st["max"]
+            out = CompletionOutput(0, "", list(st["out"]),
+                                   finish_reason="length" if done else None)
             outs.append(RequestOutput(request_id=rid, prompt=None, prompt_token_ids=st["ids"],
-                                      outputs=[CompletionOutput(0, "", list(st["out"]),
-                                                                finish_reason="length" if done else None)],
-                                      finished=done, num_cached_tokens=st["cached"]))
+                                      outputs=[out], finished=done,
+                                      num_cached_tokens=st["cached"]))
             if done:
                 del self.running[rid]
         return outs
@@ -142,8 +148,8 @@ def test_drive_engine_records_ttft_cached_tokens_and_rejections():
             BenchRequest(id="a1", session="a", turn=1, max_tokens=2, tenant="t"),
             BenchRequest(id="b0", session="b", max_tokens=1),
             BenchRequest(id="big", session="c", max_tokens=1)]
-    prompts = {"a0": Prompt(None, [5] * 20), "a1": Prompt(None, [7] * 30), "b0": Prompt(None, [7] * 17),
-               "big": Prompt(None, [1] * 101)}
+    prompts = {"a0": Prompt(None, [5] * 20), "a1": Prompt(None, [7] * 30),
+               "b0": Prompt(None, [7] * 17), "big": Prompt(None, [1] * 101)}
     eng = FakeEngine()
     done = []
     results, wall = drive_engine(eng, reqs, prompts, concurrency=2, on_done=done.append)
@@ -151,7 +157,8 @@ def test_drive_engine_records_ttft_cached_tokens_and_rejections():
     assert len(done) == 4 and wall > 0
     assert [a[0] for a in eng.added] == ["a0", "b0", "a1"]  # big was rejected, a1 waited for a0
     assert eng.added[0][2] == "t"
-    assert (by_id["a0"].output_tokens, by_id["a0"].cached_tokens, by_id["a1"].cached_tokens) == (3, 0, 16)
+    got = (by_id["a0"].output_tokens, by_id["a0"].cached_tokens, by_id["a1"].cached_tokens)
+    assert got == (3, 0, 16)
     assert by_id["a1"].send_time >= by_id["a0"].end_time
     assert all(r.first_token_time is not None and r.error is None for r in results if r.id != "big")
     assert by_id["big"].error.startswith("ValueError: prompt: too long")
@@ -161,8 +168,8 @@ def test_drive_engine_records_ttft_cached_tokens_and_rejections():
 def test_server_process_start_failure_shows_the_log(tmp_path):
     import sys
 
-    proc = ServerProcess([sys.executable, "-c", "import sys; print('boom: no model'); sys.exit(3)"], {},
-                         tmp_path / "logs" / "x.log")
+    code = "import sys; print('boom: no model'); sys.exit(3)"
+    proc = ServerProcess([sys.executable, "-c", code], {}, tmp_path / "logs" / "x.log")
     proc.start()
     first_line = r"^server exited with code 3 during start-up: boom: no model \(log "
     with pytest.raises(PeerUnavailable, match=first_line):
@@ -174,7 +181,8 @@ def test_server_process_start_failure_shows_the_log(tmp_path):
 def test_vllm_cache_salt_is_accepted_by_vllm():
     # vLLM refuses salts over 128 characters or containing '@', '/', '\\' or NUL
     peer = make_peer("vllm", "serving")
-    body = peer.extra_body(BenchRequest(id="r", session="r", tenant="tenant3"), "multi-tenant-0123456789ab")
+    body = peer.extra_body(BenchRequest(id="r", session="r", tenant="tenant3"),
+                           "multi-tenant-0123456789ab")
     assert body == {"ignore_eos": True, "cache_salt": "multi-tenant-0123456789ab-tenant3"}
     assert peer.extra_body(BenchRequest(id="r", session="r"), "x")["cache_salt"] == "x-default"
 
@@ -188,7 +196,8 @@ def test_llamacpp_serves_requests_fully_and_at_fixed_length(tmp_path):
     argv, env = peer.command(c, 1234)
     assert argv[argv.index("--interrupt_requests") + 1] == "false"  # else C > 1 truncates answers
     assert argv[argv.index("--n_threads") + 1] == str(c.threads) == env["OMP_NUM_THREADS"]
-    assert peer.extra_body(BenchRequest(id="r", session="r", max_tokens=16), "salt") == {"min_tokens": 16}
+    body = peer.extra_body(BenchRequest(id="r", session="r", max_tokens=16), "salt")
+    assert body == {"min_tokens": 16}
 
 
 class _FakeOffline:

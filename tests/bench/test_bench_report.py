@@ -11,26 +11,32 @@ def run(workload, peer, mode, *, ttfts, cached, prompt=1000, wall=10.0, ref=None
     rs = []
     for i, (t, c) in enumerate(zip(ttfts, cached)):
         rs.append(RequestResult(id=f"r{i}", session=f"s{i % 2}", turn=i // 2, group="g",
-                                tenant=(tenants or [None] * len(ttfts))[i], warm_expected=i > 0, prompt_tokens=prompt,
-                                cached_tokens=c, output_tokens=8, send_time=float(i), first_token_time=i + t,
+                                tenant=(tenants or [None] * len(ttfts))[i], warm_expected=i > 0,
+                                prompt_tokens=prompt, cached_tokens=c, output_tokens=8,
+                                send_time=float(i), first_token_time=i + t,
                                 end_time=i + t + 0.5, reference_prompt_tokens=ref and prompt,
                                 reference_cached_tokens=ref and int(prompt * ref)))
-    info = RunInfo(workload=workload, model="bench", peer=peer, mode=mode, dtype="float32", threads=2,
-                   concurrency=4, machine="test box")
+    info = RunInfo(workload=workload, model="bench", peer=peer, mode=mode, dtype="float32",
+                   threads=2, concurrency=4, machine="test box")
     ids = {r.id: [1] * prompt for r in rs}
     return summarize(info, rs, wall_s=wall, peak_rss=2**28, token_ids=ids,
                      reference_hit_rate=ref if workload == "agent" else None)
 
 
 def summaries():
-    s = [run("shared-prefix", "prefixcache", "offline", ttfts=[1.0, 0.04, 0.04, 0.04], cached=[0, 960, 960, 960]),
-         run("shared-prefix", "prefixcache-nocache", "offline", ttfts=[1.0, 1.0, 1.0, 1.0], cached=[0, 0, 0, 0]),
-         run("agent", "prefixcache", "offline", ttfts=[1, 0.1, 0.1, 0.1], cached=[0, 990, 990, 990], ref=0.7),
-         run("multi-tenant", "prefixcache", "serving", ttfts=[1, 1, 0.1, 0.1], cached=[0, 0, 960, 960],
-             tenants=["a", "b", "a", "b"])]
+    s = [run("shared-prefix", "prefixcache", "offline", ttfts=[1.0, 0.04, 0.04, 0.04],
+             cached=[0, 960, 960, 960]),
+         run("shared-prefix", "prefixcache-nocache", "offline", ttfts=[1.0, 1.0, 1.0, 1.0],
+             cached=[0, 0, 0, 0]),
+         run("agent", "prefixcache", "offline", ttfts=[1, 0.1, 0.1, 0.1],
+             cached=[0, 990, 990, 990], ref=0.7),
+         run("multi-tenant", "prefixcache", "serving", ttfts=[1, 1, 0.1, 0.1],
+             cached=[0, 0, 960, 960], tenants=["a", "b", "a", "b"])]
     for w in ("shared-prefix", "multi-turn"):
-        s.append(run(w, "prefixcache", "serving", ttfts=[1, 0.1, 0.1, 0.1], cached=[0, 960, 960, 960], wall=5))
-        s.append(run(w, "vllm", "serving", ttfts=[1, 0.2, 0.2, 0.2], cached=[0, 896, 896, 896], wall=6))
+        s.append(run(w, "prefixcache", "serving", ttfts=[1, 0.1, 0.1, 0.1],
+                     cached=[0, 960, 960, 960], wall=5))
+        s.append(run(w, "vllm", "serving", ttfts=[1, 0.2, 0.2, 0.2], cached=[0, 896, 896, 896],
+                     wall=6))
         s.append(run(w, "llamacpp", "serving", ttfts=[1, 1, 1, 1], cached=[None] * 4, wall=20))
     return s
 
@@ -44,14 +50,16 @@ def test_goals_status_from_figures():
     assert gs["Cross-tenant hits (multi-tenant)"].status == "met"
     assert gs["shared-prefix serving: TTFT p50 vs vLLM-CPU"].status == "met"
     assert gs["multi-turn serving: throughput vs vLLM-CPU"].figure.startswith("1.20×")
-    assert gs["multi-turn serving: throughput vs llama-cpp-python server"].status == "missed"  # 4× < 5×
+    # 4× < 5×
+    assert gs["multi-turn serving: throughput vs llama-cpp-python server"].status == "missed"
     assert gs["shared-prefix serving: throughput vs transformers"].status == "not measured"
 
 
 def test_write_reports_creates_every_file(tmp_path):
     s = summaries()
-    files = report.write_reports(s, tmp_path, context={"model": "bench", "dtype": "float32", "threads": 2,
-                                                       "concurrency": 4, "machine": "test box"},
+    context = {"model": "bench", "dtype": "float32", "threads": 2, "concurrency": 4,
+               "machine": "test box"}
+    files = report.write_reports(s, tmp_path, context=context,
                                  command="prefixcache bench --workload all")
     for name in ("results.jsonl", "results.md", "RESULTS.md", "ttft_cold_warm_shared-prefix.png",
                  "hit_rate_per_turn_multi-turn.png", "hit_rate_per_call_agent.png"):
@@ -60,7 +68,8 @@ def test_write_reports_creates_every_file(tmp_path):
     assert len(rows) == len(s) and all("per_request" not in r for r in rows)
     assert all(k in rows[0] for k in report.REQUIRED_KEYS)
     md = (tmp_path / "RESULTS.md").read_text()
-    assert "## Goals" in md and "threads per peer: 2" in md and "![ttft_cold_warm_shared-prefix]" in md
+    assert "## Goals" in md and "threads per peer: 2" in md
+    assert "![ttft_cold_warm_shared-prefix]" in md
     table = (tmp_path / "results.md").read_text().splitlines()
     assert len(table) == 2 + len(s)
     assert all(line.count("|") == table[0].count("|") for line in table)
@@ -84,7 +93,8 @@ def test_results_say_when_each_peer_was_measured(tmp_path):
     s[0]["measured_at"] = "2026-11-30 10:05 UTC"
     report.write_reports(s, tmp_path, context={"machine": "test box"})
     md = (tmp_path / "RESULTS.md").read_text()
-    assert "- vllm (serving): engine=vllm; measured 2026-11-30 11:40 UTC to 2026-11-30 11:40 UTC" in md
+    assert ("- vllm (serving): engine=vllm; measured 2026-11-30 11:40 UTC to "
+            "2026-11-30 11:40 UTC") in md
     assert ("- prefixcache (offline): engine=prefixcache; measured 2026-11-30 10:05 UTC to "
             "2026-11-30 10:20 UTC") in md
 
@@ -95,7 +105,8 @@ def test_runs_with_failed_requests_carry_their_first_errors_and_fail_the_command
 
     def res(rid, error):
         return RequestResult(id=rid, session=rid, turn=0, group="g", tenant=None,
-                             warm_expected=False, prompt_tokens=10, cached_tokens=0, output_tokens=0 if error else 2,
+                             warm_expected=False, prompt_tokens=10, cached_tokens=0,
+                             output_tokens=0 if error else 2,
                              send_time=0.0, first_token_time=None if error else 0.5,
                              end_time=0.6, error=error)
 

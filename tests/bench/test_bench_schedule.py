@@ -19,7 +19,8 @@ def drain(sched, now=0.0):
 
 
 def test_sessions_are_sequential_and_concurrency_bounded():
-    reqs = [req("a0", "a", 0), req("b0", "b", 0), req("a1", "a", 1), req("c0", "c", 0), req("b1", "b", 1)]
+    reqs = [req("a0", "a", 0), req("b0", "b", 0), req("a1", "a", 1), req("c0", "c", 0),
+            req("b1", "b", 1)]
     s = SessionScheduler(reqs, concurrency=2)
     assert drain(s) == ["a0", "b0"]  # C = 2
     s.finish(reqs[0])

@@ -9,8 +9,10 @@ from helpers.data import shared_data
 from prefixcache.bench import datasets
 from prefixcache.bench import workloads as wl
 
-U1, A1, U2, A2, U3 = ({"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                      {"role": "user", "content": "how are you?"}, {"role": "assistant", "content": "fine"},
+U1, A1, U2, A2, U3 = ({"role": "user", "content": "hi"},
+                      {"role": "assistant", "content": "hello"},
+                      {"role": "user", "content": "how are you?"},
+                      {"role": "assistant", "content": "fine"},
                       {"role": "user", "content": "bye"})
 
 
@@ -29,8 +31,8 @@ def test_conversation_with_system_and_limits():
     reqs = wl.conversation_requests("c", [U1, A1, U2, A2], system="be brief", max_tokens=4)
     assert reqs[1].messages == [sys_msg, U1, A1, U2]
     # measure = number of messages: the session stops before the first prompt above 2
-    reqs = wl.conversation_requests("c", [U1, A1, U2, A2], max_tokens=4, measure=lambda r: len(r.messages),
-                                    max_prompt_tokens=2)
+    reqs = wl.conversation_requests("c", [U1, A1, U2, A2], max_tokens=4,
+                                    measure=lambda r: len(r.messages), max_prompt_tokens=2)
     assert [r.messages for r in reqs] == [[U1]]
     assert len(wl.conversation_requests("c", [U1, A1, U2, A2], max_tokens=4, max_calls=1)) == 1
 
@@ -40,9 +42,11 @@ def test_agent_trajectory_grows_by_two_messages_per_call(tmp_path):
     for k in range(3):
         msgs.append({"role": "assistant", "content": f"step {k}",
                      "tool_calls": [{"id": f"t{k}", "type": "function",
-                                     "function": {"name": "bash", "arguments": "{\"command\": \"ls\"}"}}],
-                     "extra": {"response": {"usage": {"prompt_tokens": 100 * (k + 1),
-                                                      "prompt_tokens_details": {"cached_tokens": 64 * k}}}}})
+                                     "function": {"name": "bash",
+                                                  "arguments": "{\"command\": \"ls\"}"}}],
+                     "extra": {"response": {"usage": {
+                         "prompt_tokens": 100 * (k + 1),
+                         "prompt_tokens_details": {"cached_tokens": 64 * k}}}}})
         msgs.append({"role": "tool", "tool_call_id": f"t{k}", "content": f"out {k}"})
     path = tmp_path / "x.traj.json"
     path.write_text(json.dumps({"messages": msgs}))
@@ -53,7 +57,8 @@ def test_agent_trajectory_grows_by_two_messages_per_call(tmp_path):
     reqs = wl.conversation_requests("a", traj.messages, max_tokens=4, references=traj.recorded)
     assert [len(r.messages) for r in reqs] == [2, 4, 6]
     assert reqs[2].messages[3] == {"role": "tool", "content": "out 0", "tool_call_id": "t0"}
-    assert reqs[1].messages[2]["tool_calls"][0]["function"] == {"name": "bash", "arguments": "{\"command\": \"ls\"}"}
+    assert reqs[1].messages[2]["tool_calls"][0]["function"] == {
+        "name": "bash", "arguments": "{\"command\": \"ls\"}"}
     assert "extra" not in reqs[1].messages[2]
     assert [r.reference["cached_tokens"] for r in reqs] == [0, 64, 128]
     assert wl.reference_hit_rate(reqs) == pytest.approx(192 / 600)
@@ -61,15 +66,17 @@ def test_agent_trajectory_grows_by_two_messages_per_call(tmp_path):
 
 def test_swe_agent_string_tool_calls_are_parsed(tmp_path):
     hist = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"},
-            {"role": "assistant", "content": "look", "tool_calls": "[{'function': {'arguments': '{\"f\":1}', "
-                                                                    "'name': 'find_file'}, 'id': 'c1', 'type': 'function'}]"},
+            {"role": "assistant", "content": "look",
+             "tool_calls": "[{'function': {'arguments': '{\"f\":1}', "
+                           "'name': 'find_file'}, 'id': 'c1', 'type': 'function'}]"},
             {"role": "tool", "content": "found", "tool_call_ids": "['c1']"},
             {"role": "assistant", "content": "done"}, {"role": "tool", "content": "orphan"}]
     path = tmp_path / "y.traj"
     path.write_text(json.dumps({"history": hist, "trajectory": []}))
     traj = datasets.load_trajectory(path, "swe-agent")
-    assert traj.messages[2]["tool_calls"] == [{"id": "c1", "type": "function",
-                                               "function": {"name": "find_file", "arguments": "{\"f\":1}"}}]
+    assert traj.messages[2]["tool_calls"] == [
+        {"id": "c1", "type": "function",
+         "function": {"name": "find_file", "arguments": "{\"f\":1}"}}]
     assert traj.messages[3] == {"role": "tool", "content": "found", "tool_call_id": "c1"}
     assert traj.messages[5] == {"role": "user", "content": "orphan"}  # answers no tool call
     assert traj.recorded == {}
@@ -77,7 +84,8 @@ def test_swe_agent_string_tool_calls_are_parsed(tmp_path):
 
 def test_glaive_maps_function_calls_and_observations():
     item = {"conversations": [{"from": "human", "value": "area?"},
-                              {"from": "function_call", "value": "{\"name\": \"calc\", \"arguments\": {\"r\": 2}}"},
+                              {"from": "function_call",
+                               "value": "{\"name\": \"calc\", \"arguments\": {\"r\": 2}}"},
                               {"from": "observation", "value": "{\"area\": 12.6}"},
                               {"from": "gpt", "value": "12.6"}],
             "tools": "[{\"name\": \"calc\", \"parameters\": {}}]"}
@@ -86,11 +94,13 @@ def test_glaive_maps_function_calls_and_observations():
     assert conv.messages == [
         {"role": "user", "content": "area?"},
         {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "calc", "arguments": "{\"r\": 2}"}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "calc", "arguments": "{\"r\": 2}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "{\"area\": 12.6}"},
         {"role": "assistant", "content": "12.6"}]
     reqs = wl.conversation_requests("g", conv.messages, tools=conv.tools, max_tokens=4)
-    assert [len(r.messages) for r in reqs] == [1, 3]  # the call, then the answer after the observation
+    # the call, then the answer after the observation
+    assert [len(r.messages) for r in reqs] == [1, 3]
     assert reqs[0].tools == conv.tools
 
 
@@ -99,7 +109,8 @@ def test_oasst_best_path_follows_rank_zero():
         {"role": "assistant", "text": "worse", "rank": 1, "replies": []},
         {"role": "assistant", "text": "best", "rank": 0, "replies": [
             {"role": "prompter", "text": "q2", "replies": []}]}]}
-    assert datasets.oasst_best_path(tree) == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "best"},
+    assert datasets.oasst_best_path(tree) == [{"role": "user", "content": "q"},
+                                              {"role": "assistant", "content": "best"},
                                               {"role": "user", "content": "q2"}]
 
 
@@ -113,14 +124,16 @@ def test_shared_prefix_counts_and_labels():
     assert sum(r.warm_expected is False for r in reqs) == 3  # first of each system prompt
     by_id = {r.id: r for r in reqs}
     # question j of prefix i is QUESTIONS[(4 * i + j) % 5]
-    assert by_id["p2/1"].messages == [{"role": "system", "content": "system two"}, {"role": "user", "content": "a?"}]
+    assert by_id["p2/1"].messages == [{"role": "system", "content": "system two"},
+                                      {"role": "user", "content": "a?"}]
     assert by_id["p3/3"].messages[1]["content"] == "b?"
     firsts = {}
     for r in reqs:
         firsts.setdefault(r.group, r)
     assert all(f.warm_expected is False for f in firsts.values())
     # same seed, same order
-    assert [r.id for r in reqs] == [r.id for r in wl.shared_prefix_requests(SYSTEMS, QUESTIONS, 4, seed=0, max_tokens=8)]
+    again = wl.shared_prefix_requests(SYSTEMS, QUESTIONS, 4, seed=0, max_tokens=8)
+    assert [r.id for r in reqs] == [r.id for r in again]
 
 
 def test_multi_tenant_every_tenant_sends_the_same_prompts():
@@ -128,7 +141,8 @@ def test_multi_tenant_every_tenant_sends_the_same_prompts():
     assert len(reqs) == 4 * 2 * 3
     assert [r.tenant for r in reqs[:4]] == ["tenant0", "tenant1", "tenant2", "tenant3"]
     assert sum(r.warm_expected is False for r in reqs) == 4 * 2
-    prompts = {t: sorted(json.dumps(r.messages) for r in reqs if r.tenant == t) for t in {r.tenant for r in reqs}}
+    prompts = {t: sorted(json.dumps(r.messages) for r in reqs if r.tenant == t)
+               for t in {r.tenant for r in reqs}}
     assert len({tuple(v) for v in prompts.values()}) == 1
 
 
@@ -141,7 +155,8 @@ def test_cold_burst_is_identical_and_cold():
 
 def test_few_shot_prompt_shape():
     reqs = wl.few_shot_requests("Q: 1+1?\nA: 2.\n\n", ["2+2?", "3+3?"], max_tokens=8)
-    assert [r.prompt for r in reqs] == ["Q: 1+1?\nA: 2.\n\nQ: 2+2?\nA:", "Q: 1+1?\nA: 2.\n\nQ: 3+3?\nA:"]
+    assert [r.prompt for r in reqs] == ["Q: 1+1?\nA: 2.\n\nQ: 2+2?\nA:",
+                                        "Q: 1+1?\nA: 2.\n\nQ: 3+3?\nA:"]
     assert [r.warm_expected for r in reqs] == [False, True] and reqs[0].messages is None
 
 
@@ -160,9 +175,10 @@ def test_pick_system_prompts_skips_variants_and_fills_from_outside():
 # --------------------------------------------------------------------------- replay
 def test_parse_replay_both_forms(tmp_path):
     lines = [
-        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "tenant": "t1",
-         "timestamp": 100.5, "session": "s"},
-        {"body": {"prompt": "once upon", "max_completion_tokens": 7}, "tenant": "t2", "timestamp": 100.0},
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+         "tenant": "t1", "timestamp": 100.5, "session": "s"},
+        {"body": {"prompt": "once upon", "max_completion_tokens": 7}, "tenant": "t2",
+         "timestamp": 100.0},
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
                       {"role": "user", "content": "more"}], "session": "s", "timestamp": 103.0},
         {"prompt": [1, 2, 3]},
@@ -211,8 +227,8 @@ def test_default_sizes_on_the_shared_data():
     cfg = wl.WorkloadConfig()
     sp = wl.build_workload("shared-prefix", cfg)
     assert len(sp) == 32 and len({r.group for r in sp}) == 4
-    assert sorted({r.group for r in sp}) == ["analyze_paper", "analyze_prose_pinker", "extract_wisdom_agents",
-                                            "write_hackerone_report"]
+    assert sorted({r.group for r in sp}) == ["analyze_paper", "analyze_prose_pinker",
+                                            "extract_wisdom_agents", "write_hackerone_report"]
     fs = wl.build_workload("few-shot", cfg)
     assert len(fs) == 32 and fs[0].prompt.startswith("Q: There are 15 trees in the grove.")
     assert fs[0].prompt.count("The answer is") == 8 and fs[0].prompt.endswith("\nA:")
@@ -228,10 +244,11 @@ def test_deepseek_trajectories_match_their_source_md():
     shared_data("agent_trajectories")
     cfg = wl.WorkloadConfig(max_prompt_tokens=10**9, agent_sources=("mini-swe-agent/deepseek",))
     reqs = wl.build_workload("agent", cfg)
-    calls = {}
+    calls: dict[str, int] = {}
     for r in reqs:
         calls[r.session.rsplit("/", 1)[1]] = calls.get(r.session.rsplit("/", 1)[1], 0) + 1
-    assert calls == {"django__django-14752": 31, "pvlib__pvlib-python-1072": 74, "sqlfluff__sqlfluff-2419": 48}
+    assert calls == {"django__django-14752": 31, "pvlib__pvlib-python-1072": 74,
+                     "sqlfluff__sqlfluff-2419": 48}
     refs = [r.reference for r in reqs]
     assert sum(x["prompt_tokens"] for x in refs) == 467_091 + 294_301 + 1_337_052
     assert sum(x["cached_tokens"] for x in refs) == 450_176 + 284_672 + 1_281_216

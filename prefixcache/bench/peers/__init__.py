@@ -29,7 +29,8 @@ def make_peer(name: str, mode: str) -> Peer:
         from prefixcache.bench.peers.transformers_peer import TransformersPeer
         return TransformersPeer()
     if mode not in PEER_MODES[name]:
-        raise PeerUnavailable(f"{name}: runs in {'/'.join(PEER_MODES[name])} mode only, skipped in {mode} mode")
+        raise PeerUnavailable(f"{name}: runs in {'/'.join(PEER_MODES[name])} mode only, "
+                              f"skipped in {mode} mode")
     if name in ("prefixcache", "prefixcache-nocache") and mode == "offline":
         from prefixcache.bench.peers.ours_offline import OursOffline
         return OursOffline(prefix_caching=name == "prefixcache")
@@ -43,4 +44,5 @@ def make_peer(name: str, mode: str) -> Peer:
     return LlamaCppPeer()
 
 
-__all__ = ["PEER_NAMES", "PEER_MODES", "Peer", "PeerContext", "PeerRun", "PeerUnavailable", "make_peer"]
+__all__ = ["PEER_NAMES", "PEER_MODES", "Peer", "PeerContext", "PeerRun", "PeerUnavailable",
+           "make_peer"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from prefixcache import paths
 from prefixcache.bench.metrics import RequestResult
@@ -87,18 +87,22 @@ class Peer(ABC):
 
     def check(self, ctx: PeerContext) -> None:
         """Raise :class:`PeerUnavailable` if this peer cannot run with ``ctx``."""
+        return None  # optional hook: by default every peer can run
 
     def start(self, ctx: PeerContext) -> None:
         """Load the model / start the server once for all workloads of the run."""
+        return None  # optional hook: by default there is nothing to load
 
     @abstractmethod
-    def run(self, workload: str, reqs: list[BenchRequest], prompts: dict[str, Prompt], *, concurrency: int,
-            salt: str, progress: Progress | None = None, time_scale: float = 1.0) -> PeerRun:
+    def run(self, workload: str, reqs: list[BenchRequest], prompts: dict[str, Prompt], *,
+            concurrency: int, salt: str, progress: Progress | None = None,
+            time_scale: float = 1.0) -> PeerRun:
         """Run one workload from a cold cache (``salt`` is unique per run: peers that
         keep a cache across runs put it in the cache namespace)."""
 
     def stop(self) -> None:
         """Release everything ``start`` acquired; safe to call twice."""
+        return None  # optional hook: by default nothing was acquired
 
     def detail(self) -> dict:
         """Versions and settings to record in the results."""

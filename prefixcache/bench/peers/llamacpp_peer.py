@@ -7,8 +7,9 @@ in that sdist (``vendor/llama.cpp/convert_hf_to_gguf.py`` with its ``conversion/
 
 The server holds one model behind a lock (no concurrency across requests; started with
 ``--interrupt_requests false`` so a new request waits instead of cutting off the one
-being streamed) and keeps one sequence of KV: a request reuses the longest common prefix with the previous request's
-tokens. It reports no ``cached_tokens``; the bench reads the total reuse from its log
+being streamed) and keeps one sequence of KV: a request reuses the longest common prefix
+with the previous request's tokens. It reports no ``cached_tokens``; the bench reads the
+total reuse from its log
 lines ``Llama.generate: N prefix-match hit`` and reports it as the run's cached tokens.
 """
 from __future__ import annotations
@@ -27,22 +28,28 @@ OUTTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
 def converter_script(ctx: PeerContext) -> Path:
-    found = sorted(ctx.peers_dir.glob("src/llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+    found = sorted(ctx.peers_dir.glob(
+        "src/llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
     if not found:
-        raise PeerUnavailable(f"llamacpp: the GGUF converter is missing under {ctx.peers_dir / 'src'}. {INSTALL_HINT}")
+        raise PeerUnavailable("llamacpp: the GGUF converter is missing under "
+                              f"{ctx.peers_dir / 'src'}. {INSTALL_HINT}")
     script = found[-1]
     for need in ("conversion", "gguf-py"):
         if not (script.parent / need).is_dir():
-            raise PeerUnavailable(f"llamacpp: {script.parent / need} is missing (the converter needs it). {INSTALL_HINT}")
+            raise PeerUnavailable(f"llamacpp: {script.parent / need} is missing "
+                                  f"(the converter needs it). {INSTALL_HINT}")
     return script
 
 
 def gguf_path(ctx: PeerContext) -> Path:
+    model_dir = ctx.model_dir
+    assert model_dir is not None, "LlamaCppPeer.check requires a model directory"
     h = hashlib.sha256()
-    for f in sorted(ctx.model_dir.glob("*.json")) + sorted(ctx.model_dir.glob("*.safetensors")):
+    for f in sorted(model_dir.glob("*.json")) + sorted(model_dir.glob("*.safetensors")):
         st = f.stat()
         h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return ctx.work_dir / "gguf" / f"{ctx.model_dir.name}-{h.hexdigest()[:12]}-{OUTTYPE[ctx.dtype]}.gguf"
+    name = f"{model_dir.name}-{h.hexdigest()[:12]}-{OUTTYPE[ctx.dtype]}.gguf"
+    return ctx.work_dir / "gguf" / name
 
 
 def convert_to_gguf(ctx: PeerContext, log: Path | None = None) -> Path:
@@ -54,7 +61,8 @@ def convert_to_gguf(ctx: PeerContext, log: Path | None = None) -> Path:
     script = converter_script(ctx)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    argv = [str(py), str(script), str(ctx.model_dir), "--outfile", str(tmp), "--outtype", OUTTYPE[ctx.dtype]]
+    argv = [str(py), str(script), str(ctx.model_dir), "--outfile", str(tmp),
+            "--outtype", OUTTYPE[ctx.dtype]]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     if log:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +84,8 @@ class LlamaCppPeer(ServerPeer):
         if ctx.dtype not in OUTTYPE:
             raise PeerUnavailable(f"llamacpp: no GGUF type for dtype {ctx.dtype}")
         if ctx.model_dir is None:
-            raise PeerUnavailable(f"llamacpp: needs a Hugging Face model directory to convert, not {ctx.model!r}")
+            raise PeerUnavailable("llamacpp: needs a Hugging Face model directory to convert, "
+                                  f"not {ctx.model!r}")
         converter_script(ctx)
 
     def prepare(self, ctx: PeerContext) -> None:
@@ -84,9 +93,10 @@ class LlamaCppPeer(ServerPeer):
 
     def command(self, ctx: PeerContext, port: int) -> tuple[list[str], dict[str, str]]:
         py = venv_python(ctx, "llamacpp", INSTALL_HINT)
-        argv = [str(py), "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", SERVED_NAME,
-                "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(ctx.threads),
-                "--n_threads_batch", str(ctx.threads), "--n_ctx", str(ctx.max_model_len), "--verbose", "true",
+        argv = [str(py), "-m", "llama_cpp.server", "--model", str(self.gguf),
+                "--model_alias", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
+                "--n_threads", str(ctx.threads), "--n_threads_batch", str(ctx.threads),
+                "--n_ctx", str(ctx.max_model_len), "--verbose", "true",
                 # by default a new request interrupts the one being streamed: with a client at
                 # concurrency C > 1 every answer would stop after its first token
                 "--interrupt_requests", "false"]
@@ -98,10 +108,13 @@ class LlamaCppPeer(ServerPeer):
         return {"min_tokens": req.max_tokens}
 
     def run(self, workload, reqs, prompts, **kw) -> PeerRun:
-        start = self.server.log_path.stat().st_size if self.server else 0
+        server = self.server
+        start = server.log_path.stat().st_size if server else 0
         run = super().run(workload, reqs, prompts, **kw)
+        if server is None:  # not reached: the run above raises without a server
+            return run
         try:
-            with open(self.server.log_path, "rb") as f:
+            with open(server.log_path, "rb") as f:
                 f.seek(start)
                 text = f.read().decode(errors="replace")
             reused = sum(int(m) for m in PREFIX_HIT.findall(text))
@@ -115,8 +128,12 @@ class LlamaCppPeer(ServerPeer):
 
     def detail(self) -> dict:
         d = super().detail()
-        d.update(gguf=str(getattr(self, "gguf", "")), gguf_type=OUTTYPE.get(self.ctx.dtype) if self.ctx else None,
-                 concurrency="serial (one model behind a lock)", kv_cache="single sequence, f16 (llama.cpp default)")
+        d.update(gguf=str(getattr(self, "gguf", "")),
+                 gguf_type=OUTTYPE.get(self.ctx.dtype) if self.ctx else None,
+                 concurrency="serial (one model behind a lock)",
+                 kv_cache="single sequence, f16 (llama.cpp default)")
+        if self.ctx is None:
+            return d
         try:
             py = venv_python(self.ctx, "llamacpp", INSTALL_HINT)
             out = subprocess.run([str(py), "-c", "import llama_cpp; print(llama_cpp.__version__)"],

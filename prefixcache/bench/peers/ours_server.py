@@ -24,7 +24,8 @@ class OursServer(ServerPeer):
         super().__init__(mode)
         self.prefix_caching = prefix_caching
         self.name = "prefixcache" if prefix_caching else "prefixcache-nocache"
-        self.description = f"our engine, `prefixcache serve`, prefix caching {'on' if prefix_caching else 'off'}"
+        self.description = ("our engine, `prefixcache serve`, prefix caching "
+                            f"{'on' if prefix_caching else 'off'}")
 
     def check(self, ctx: PeerContext) -> None:
         try:
@@ -38,9 +39,10 @@ class OursServer(ServerPeer):
         keys_file = ctx.work_dir / "logs" / "api-keys.json"
         keys_file.parent.mkdir(parents=True, exist_ok=True)
         keys_file.write_text(json.dumps(keys, indent=1))
-        argv = [sys.executable, "-m", "prefixcache.cli", "serve", "--model", ctx.model, "--host", "127.0.0.1",
-                "--port", str(port), "--api-keys", str(keys_file), "--served-model-name", SERVED_NAME,
-                "--dtype", ctx.dtype, "--block-size", str(ctx.block_size), "--max-model-len", str(ctx.max_model_len),
+        argv = [sys.executable, "-m", "prefixcache.cli", "serve", "--model", ctx.model,
+                "--host", "127.0.0.1", "--port", str(port), "--api-keys", str(keys_file),
+                "--served-model-name", SERVED_NAME, "--dtype", ctx.dtype,
+                "--block-size", str(ctx.block_size), "--max-model-len", str(ctx.max_model_len),
                 "--kv-cache-gib", str(ctx.kv_cache_gib), "--num-threads", str(ctx.threads),
                 "--log-level", "warning", "--no-access-log"]
         if not self.prefix_caching:
@@ -55,5 +57,6 @@ class OursServer(ServerPeer):
 
     def detail(self) -> dict:
         d = super().detail()
-        d.update(prefix_caching=self.prefix_caching, tenant_isolation="API key -> tenant, plus cache_salt per run")
+        d.update(prefix_caching=self.prefix_caching,
+                 tenant_isolation="API key -> tenant, plus cache_salt per run")
         return d

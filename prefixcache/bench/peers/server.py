@@ -14,10 +14,18 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import IO, Any
 
 from prefixcache.bench.client import ServingTarget, get_text, parse_prometheus, run_workload
 from prefixcache.bench.metrics import PeakRSS
-from prefixcache.bench.peers.base import Peer, PeerContext, PeerRun, PeerUnavailable, Progress, free_port
+from prefixcache.bench.peers.base import (
+    Peer,
+    PeerContext,
+    PeerRun,
+    PeerUnavailable,
+    Progress,
+    free_port,
+)
 from prefixcache.bench.prompts import Prompt
 from prefixcache.bench.workloads import BenchRequest
 
@@ -25,18 +33,20 @@ SERVED_NAME = "bench"
 
 
 class ServerProcess:
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path | None = None):
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path,
+                 cwd: Path | None = None):
         self.argv, self.env, self.log_path, self.cwd = argv, env, log_path, cwd
         self.proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[str] | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w")
-        self._log.write("$ " + " ".join(self.argv) + "\n")
-        self._log.flush()
-        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=self._log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log = self._log = open(self.log_path, "w")
+        log.write("$ " + " ".join(self.argv) + "\n")
+        log.flush()
+        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
 
     @property
     def pid(self) -> int | None:
@@ -52,7 +62,8 @@ class ServerProcess:
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < timeout_s:
             if not self.alive():
-                raise PeerUnavailable(f"server exited with code {self.proc.returncode} during "
+                code = self.proc.returncode if self.proc else None
+                raise PeerUnavailable(f"server exited with code {code} during "
                                       f"start-up: {self.last_line()} (log {self.log_path})\n"
                                       f"{self.tail()}")
             if asyncio.run(get_text(url, timeout=5.0)) is not None:
@@ -137,7 +148,8 @@ class ServerPeer(Peer):
         full_env = {**os.environ, **env}
         self.server = ServerProcess(argv, full_env, ctx.work_dir / "logs" / f"{self.name}.log")
         self.server.start()
-        self.startup_s = self.server.wait_ready(self.base_url + self.ready_path, self.start_timeout_s)
+        self.startup_s = self.server.wait_ready(self.base_url + self.ready_path,
+                                                self.start_timeout_s)
 
     def stop(self) -> None:
         if self.server:
@@ -147,17 +159,21 @@ class ServerPeer(Peer):
     def metrics(self) -> dict[str, float]:
         return parse_prometheus(asyncio.run(get_text(self.base_url + "/metrics")))
 
-    def run(self, workload: str, reqs: list[BenchRequest], prompts: dict[str, Prompt], *, concurrency: int,
-            salt: str, progress: Progress | None = None, time_scale: float = 1.0) -> PeerRun:
-        if not self.server or not self.server.alive():
-            raise PeerUnavailable(f"{self.name}: server is not running; log {self.ctx.work_dir}/logs/{self.name}.log")
-        target = ServingTarget(self.base_url, SERVED_NAME, api=self.ctx.api, headers=self.headers,
+    def run(self, workload: str, reqs: list[BenchRequest], prompts: dict[str, Prompt], *,
+            concurrency: int, salt: str, progress: Progress | None = None,
+            time_scale: float = 1.0) -> PeerRun:
+        ctx = self.ctx
+        if ctx is None or not self.server or not self.server.alive():
+            log = f"{ctx.work_dir}/logs/{self.name}.log" if ctx else "none (never started)"
+            raise PeerUnavailable(f"{self.name}: server is not running; log {log}")
+        target = ServingTarget(self.base_url, SERVED_NAME, api=ctx.api, headers=self.headers,
                                extra_body=lambda r: self.extra_body(r, salt))
         before = self.metrics()
         mem = PeakRSS(self.server.pid)
         mem.start()
-        run = asyncio.run(run_workload(target, reqs, prompts, concurrency=concurrency, time_scale=time_scale,
-                                       on_done=progress, on_tick=mem.sample))
+        run = asyncio.run(run_workload(target, reqs, prompts, concurrency=concurrency,
+                                       time_scale=time_scale, on_done=progress,
+                                       on_tick=mem.sample))
         peak = mem.stop()
         after = self.metrics()
         delta = {k: after[k] - before.get(k, 0.0) for k in after}
@@ -167,11 +183,13 @@ class ServerPeer(Peer):
             computed = int(delta[c])
         elif isinstance(c, tuple) and all(k in after for k in c):
             computed = int(delta[c[0]] - delta[c[1]])
-        stats = {k: v for k, v in delta.items() if "prefix_cache" in k or "prefill" in k or "prompt_tokens" in k}
-        return PeerRun(run.results, run.wall_s, peak_rss=peak, prefill_tokens_computed=computed, cache_stats=stats)
+        stats = {k: v for k, v in delta.items()
+                 if "prefix_cache" in k or "prefill" in k or "prompt_tokens" in k}
+        return PeerRun(run.results, run.wall_s, peak_rss=peak, prefill_tokens_computed=computed,
+                       cache_stats=stats)
 
     def detail(self) -> dict:
-        d = {"startup_s": self.startup_s}
+        d: dict[str, Any] = {"startup_s": self.startup_s}
         if self.server:
             d["command"] = " ".join(self.server.argv)
         return d

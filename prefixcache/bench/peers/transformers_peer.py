@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import deque
+from typing import Any
 
 from prefixcache.bench.metrics import PeakRSS, RequestResult
 from prefixcache.bench.peers.base import Peer, PeerContext, PeerRun, PeerUnavailable, Progress
@@ -24,7 +25,7 @@ from prefixcache.bench.workloads import BenchRequest
 class _TimingStreamer:
     """A ``generate`` streamer that timestamps the first generated token."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.calls = 0
         self.first: float | None = None
 
@@ -44,7 +45,7 @@ class TransformersPeer(Peer):
 
     def __init__(self, mode: str = "offline"):
         super().__init__(mode)
-        self.model = None
+        self.model: Any = None  # a transformers causal LM once started (imported lazily)
         self.ctx: PeerContext | None = None
 
     @property
@@ -53,7 +54,8 @@ class TransformersPeer(Peer):
 
     def check(self, ctx: PeerContext) -> None:
         if ctx.model_dir is None:
-            raise PeerUnavailable(f"transformers: needs a Hugging Face model directory, not {ctx.model!r}")
+            raise PeerUnavailable("transformers: needs a Hugging Face model directory, "
+                                  f"not {ctx.model!r}")
 
     def start(self, ctx: PeerContext) -> None:
         import torch
@@ -61,14 +63,18 @@ class TransformersPeer(Peer):
 
         self.ctx = ctx
         torch.set_num_threads(ctx.threads)
-        self.model = AutoModelForCausalLM.from_pretrained(str(ctx.model_dir), dtype=getattr(torch, ctx.dtype))
+        self.model = AutoModelForCausalLM.from_pretrained(str(ctx.model_dir),
+                                                          dtype=getattr(torch, ctx.dtype))
         self.model.eval()
 
-    def run(self, workload: str, reqs: list[BenchRequest], prompts: dict[str, Prompt], *, concurrency: int,
-            salt: str, progress: Progress | None = None, time_scale: float = 1.0) -> PeerRun:
+    def run(self, workload: str, reqs: list[BenchRequest], prompts: dict[str, Prompt], *,
+            concurrency: int, salt: str, progress: Progress | None = None,
+            time_scale: float = 1.0) -> PeerRun:
         import torch
 
-        torch.set_num_threads(self.ctx.threads)
+        ctx = self.ctx
+        assert ctx is not None and self.model is not None, "TransformersPeer.start() first"
+        torch.set_num_threads(ctx.threads)
         sched = SessionScheduler(reqs, concurrency, time_scale=time_scale)
         queue: deque = deque()
         mem = PeakRSS()
@@ -90,17 +96,18 @@ class TransformersPeer(Peer):
             try:
                 with torch.inference_mode():
                     out = self.model.generate(torch.tensor([ids]), max_new_tokens=r.max_tokens,
-                                              min_new_tokens=r.max_tokens, do_sample=False, streamer=streamer,
-                                              pad_token_id=self.ctx.eos_token_id)
+                                              min_new_tokens=r.max_tokens, do_sample=False,
+                                              streamer=streamer, pad_token_id=ctx.eos_token_id)
                 n_out = out.shape[1] - len(ids)
             except Exception as exc:  # noqa: BLE001 - record and go on
                 err = f"{type(exc).__name__}: {exc}"
             end = time.perf_counter() - t0
             ref = r.reference or {}
-            res = RequestResult(id=r.id, session=r.session, turn=r.turn, group=r.group, tenant=r.tenant,
-                                warm_expected=r.warm_expected, prompt_tokens=len(ids), cached_tokens=None,
-                                output_tokens=n_out, send_time=send,
-                                first_token_time=None if streamer.first is None else streamer.first - t0,
+            first = None if streamer.first is None else streamer.first - t0
+            res = RequestResult(id=r.id, session=r.session, turn=r.turn, group=r.group,
+                                tenant=r.tenant, warm_expected=r.warm_expected,
+                                prompt_tokens=len(ids), cached_tokens=None,
+                                output_tokens=n_out, send_time=send, first_token_time=first,
                                 end_time=end, reference_prompt_tokens=ref.get("prompt_tokens"),
                                 reference_cached_tokens=ref.get("cached_tokens"), error=err)
             results.append(res)
@@ -121,4 +128,5 @@ class TransformersPeer(Peer):
         import transformers
 
         return {"transformers": transformers.__version__, "torch": torch.__version__,
-                "torch_threads": torch.get_num_threads(), "serving": "serial, in process (no server)"}
+                "torch_threads": torch.get_num_threads(),
+                "serving": "serial, in process (no server)"}

