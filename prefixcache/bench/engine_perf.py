@@ -72,7 +72,8 @@ def _vocab_size(model_dir: Path) -> int:
 def suite_prefill(model_dir: Path, dtype: str, repeats: int) -> dict:
     import transformers
 
-    from prefixcache import LLM, SamplingParams
+    from prefixcache.engine.llm import LLM
+    from prefixcache.sampling_params import SamplingParams
 
     one = SamplingParams(max_tokens=1, temperature=0.0)
     cold_llm = LLM(str(model_dir), dtype=dtype, num_pages=512, enable_prefix_caching=False)
@@ -143,11 +144,12 @@ def suite_prefill(model_dir: Path, dtype: str, repeats: int) -> dict:
 
 def suite_cold_burst(model_dir: Path, dtype: str, repeats: int, n: int = 8,
                      prompt_len: int = 2048) -> dict:
-    from prefixcache import LLM, SamplingParams
+    from prefixcache.engine.llm import LLM
+    from prefixcache.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0.0)
     single, burst = [], []
-    computed_single = computed_burst = 0
+    computed_single = computed_burst = 0.0  # stats() values are int | float
     for r in range(repeats + 1):
         prompt = _tokens(prompt_len, 100 + r, _vocab_size(model_dir))
         llm = LLM(str(model_dir), dtype=dtype, num_pages=1024)
@@ -160,7 +162,9 @@ def suite_cold_burst(model_dir: Path, dtype: str, repeats: int, n: int = 8,
         before = llm.stats()["prefill_tokens_computed"]
         t0 = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": prompt}] * n, params)
-        last_first_token = max(o.metrics.first_token_time for o in outs) - t0
+        firsts = [o.metrics.first_token_time if o.metrics else None for o in outs]
+        assert all(f is not None for f in firsts), "a burst request produced no token"
+        last_first_token = max(f for f in firsts if f is not None) - t0
         computed_burst = llm.stats()["prefill_tokens_computed"] - before
         if r:  # the first round warms up
             single.append(one)
@@ -175,7 +179,8 @@ def suite_cold_burst(model_dir: Path, dtype: str, repeats: int, n: int = 8,
 
 
 def suite_deterministic(model_dir: Path, dtype: str, repeats: int) -> dict:
-    from prefixcache import LLM, SamplingParams
+    from prefixcache.engine.llm import LLM
+    from prefixcache.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     vocab = _vocab_size(model_dir)
@@ -198,14 +203,14 @@ def suite_deterministic(model_dir: Path, dtype: str, repeats: int) -> dict:
     for det in (False, True):
         llm = LLM(str(model_dir), dtype=dtype, num_pages=1024, deterministic=det)
         captured: list[torch.Tensor] = []
-        real = llm.engine.model.forward
+        real = llm.engine.runner.forward  # the step's forward function (either mode)
 
         def capture(batch, kv, real=real, captured=captured):
             logits = real(batch, kv)
             captured.append(logits.detach().clone())
             return logits
 
-        llm.engine.model.forward = capture
+        llm.engine.runner.forward = capture
         prompt = _tokens(1000, 7, vocab)
         one = SamplingParams(max_tokens=1, temperature=0.0)
         llm.generate([{"prompt_token_ids": prompt}], one)

@@ -51,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
                               "cached_tokens": out.num_cached_tokens, "ttft_s": out.ttft}))
         else:
             print(f"--- {len(out.prompt_token_ids)} prompt tokens, {out.num_cached_tokens} cached, "
-                  f"TTFT {out.ttft * 1000:.1f} ms, finish={c.finish_reason}")
+                  f"TTFT {_ms(out.ttft)}, finish={c.finish_reason}")
             print(c.text)
     return 0
+
+
+def _ms(seconds: float | None) -> str:
+    """A duration for display: milliseconds, or ``-`` when there is none."""
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"

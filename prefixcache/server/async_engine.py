@@ -19,8 +19,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import SamplingParams

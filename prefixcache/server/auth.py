@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from prefixcache.server.errors import PERMISSION, APIError
 
@@ -69,7 +69,7 @@ class Authenticator:
                                for k, v in validate_keys(keys).items()}
 
     @classmethod
-    def from_file(cls, path: str | Path | None, *, allow_reset: bool = False) -> "Authenticator":
+    def from_file(cls, path: str | Path | None, *, allow_reset: bool = False) -> Authenticator:
         if path is None:
             return cls(None, allow_reset=allow_reset)
         return cls(load_key_file(path), allow_reset=allow_reset)

@@ -96,7 +96,6 @@ def allowed_hosts(args: argparse.Namespace, keys: bool) -> list[str] | None:
 def run(args: argparse.Namespace) -> int:
     from prefixcache.server.auth import KeyFileError
     from prefixcache.server.http_server import serve
-
     from prefixcache.server.logsafe import SafeFormatter
 
     handler = logging.StreamHandler()

@@ -18,7 +18,8 @@ them only without one (or when ``--allowed-hosts`` is given explicitly).
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.requests import Request

@@ -53,6 +53,6 @@ class SafeFormatter(logging.Formatter):
         record.message = msg.translate(_CONTROL)
         return super().formatMessage(record)
 
-    def formatException(self, ei) -> str:  # type: ignore[no-untyped-def]
+    def formatException(self, ei) -> str:
         lines = super().formatException(ei).split("\n")
         return "\n".join("    " + line.translate(_CONTROL) for line in lines)

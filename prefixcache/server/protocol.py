@@ -19,7 +19,7 @@ asked for.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -84,7 +84,7 @@ class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``. ``prompt`` is a string, an array of token ids, or an
     array of either (one choice per prompt, ``index`` in prompt order)."""
 
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16
     echo: bool | None = False
     logprobs: int | None = None
@@ -95,7 +95,7 @@ class CompletionRequest(_SamplingFields):
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Union[str, list[dict[str, Any]], None] = None
+    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -110,7 +110,7 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Union[str, dict[str, Any], None] = None
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
@@ -122,7 +122,7 @@ class ChatCompletionRequest(_SamplingFields):
     prediction: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
-    function_call: Union[str, dict[str, Any], None] = None
+    function_call: str | dict[str, Any] | None = None
     add_generation_prompt: bool | None = True  # vLLM
 
 

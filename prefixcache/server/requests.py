@@ -18,8 +18,13 @@ from typing import Any
 from prefixcache.sampling_params import ParamError, SamplingParams
 from prefixcache.server.errors import APIError, bad_request
 from prefixcache.server.logsafe import name_list
-from prefixcache.server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                         check_unsupported, ignored_fields, message_dicts)
+from prefixcache.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    check_unsupported,
+    ignored_fields,
+    message_dicts,
+)
 from prefixcache.server.responses import Prepared
 
 log = logging.getLogger(__name__)
@@ -60,9 +65,9 @@ class RequestPreparer:
         elif not p:
             raise bad_request("prompt must not be empty", "prompt")
         elif isinstance(p[0], int):
-            raw = [p]  # type: ignore[list-item]
+            raw = [p]
         else:
-            raw = list(p)  # type: ignore[arg-type]
+            raw = list(p)
         if len(raw) > MAX_PROMPTS_PER_REQUEST:
             raise bad_request(f"at most {MAX_PROMPTS_PER_REQUEST} prompts per request",
                               "prompt")

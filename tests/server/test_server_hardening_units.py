@@ -11,8 +11,13 @@ import threading
 
 import pytest
 
-from prefixcache.sampling_params import (MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
-                                         ParamError, SamplingParams)
+from prefixcache.sampling_params import (
+    MAX_STOP_BYTES,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    ParamError,
+    SamplingParams,
+)
 from prefixcache.server import bodies
 from prefixcache.server.auth import KeyFileError, load_key_file
 from prefixcache.server.crosssite import default_allowed_hosts, host_name, is_json_type

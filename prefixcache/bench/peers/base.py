@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefixcache import paths
+import prefixcache.paths as paths
 from prefixcache.bench.metrics import RequestResult
 from prefixcache.bench.prompts import Prompt
 from prefixcache.bench.workloads import BenchRequest
