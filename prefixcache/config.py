@@ -103,7 +103,8 @@ class EngineConfig:
     """
 
     model: str = field(default="builtin:tiny", metadata=_opt(
-        "Hugging Face model directory, or builtin:tiny"))
+        "a Hugging Face model directory, a .gguf file (or a directory holding one), "
+        "a registered name (smollm2-135m-instruct-q4_1), or builtin:tiny"))
     block_size: int = field(default=16, metadata=_opt("KV page size", "tokens"))
     num_pages: int | None = field(default=None, metadata=_opt(
         "KV pool size", "pages", default="from --kv-cache-gib"))

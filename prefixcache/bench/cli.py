@@ -54,7 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"({', '.join(DEFAULT_WORKLOADS)}, plus replay when --requests is given)")
     g.add_argument("--model", default="bench",
                    help="'bench' (build/reuse the random-weight benchmark Llama), "
-                        "a Hugging Face model directory, or builtin:NAME (our engine only)")
+                        "a Hugging Face model directory, a registered name such as "
+                        "smollm2-135m-instruct-q4_1 or a .gguf file (every peer reads its "
+                        "dequantized float32 copy), or builtin:NAME (our engine only)")
     g.add_argument("--peers", default=",".join(PEER_NAMES), type=_csv,
                    help=f"comma-separated subset of {','.join(PEER_NAMES)} (default: all)")
     g.add_argument("--mode", default="all", choices=["offline", "serving", "all"],

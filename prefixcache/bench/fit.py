@@ -69,21 +69,22 @@ def fits(req: BenchRequest, prompt: Prompt, max_model_len: int) -> bool:
 
 
 def model_max_len(model: str, model_dir: Path | None) -> int:
-    """The model's context length in tokens: ``max_position_embeddings`` of its config
-    (read from ``config.json`` for a Hugging Face directory, from the loaded model
-    otherwise, e.g. ``builtin:tiny``).
+    """The model's context length in tokens, by the engine's own rule
+    (:attr:`ModelConfig.context_length`: ``max_position_embeddings``, linear RoPE
+    scaling, ``model_max_length``), read from the directory for a Hugging Face model and
+    from the loaded model otherwise (e.g. ``builtin:tiny``).
 
     Raises:
         FileNotFoundError / ValueError: from :func:`prefixcache.model.loader.load_model` or
-            :meth:`ModelConfig.from_file` for a model that cannot be read.
+            :meth:`ModelConfig.from_dir` for a model that cannot be read.
     """
     from prefixcache.model.config import ModelConfig
 
     if model_dir is not None and (model_dir / "config.json").is_file():
-        return ModelConfig.from_file(model_dir / "config.json").max_position_embeddings
+        return ModelConfig.from_dir(model_dir).context_length
     from prefixcache.model.loader import load_model
 
-    return load_model(model, device="cpu", dtype="float32").config.max_position_embeddings
+    return load_model(model, device="cpu", dtype="float32").config.context_length
 
 
 def special_tokens_added(tokenizer) -> int:

