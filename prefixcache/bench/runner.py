@@ -131,6 +131,23 @@ def resolve_model(model: str) -> tuple[str, Path | None]:
     return str(d), d
 
 
+def describe_model(name: str, model_dir: Path | None) -> str:
+    """One line on the model a run used, from its ``config.json`` (``""`` without one)."""
+    if model_dir is None or not (model_dir / "config.json").is_file():
+        return ""
+    from prefixcache.model.config import ModelConfig
+
+    c = ModelConfig.from_dir(model_dir)
+    desc = (f"{c.architecture}, {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
+            f"{c.num_attention_heads}/{c.num_key_value_heads} heads, "
+            f"{c.intermediate_size} MLP, vocab {c.vocab_size}, context {c.context_length}")
+    if name == DEFAULT_MODEL:
+        desc += "; random weights (the benchmark model)"
+    elif model_dir.parent.name == "gguf":
+        desc += "; GGUF weights dequantized to float32 (the copy every peer reads)"
+    return desc
+
+
 def weights_digest(model_dir: Path | None) -> str | None:
     """sha256 (first 16 hex digits) over the directory's safetensors files, in name order."""
     if model_dir is None:
@@ -338,7 +355,9 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
             run_offline(plan, prep, opts, rec)
             run_serving(plan, prep, opts, rec)
     ctx, cfg = prep.ctx, opts.workload_config
-    context = {"model": ctx.model, "model_dir": str(ctx.model_dir) if ctx.model_dir else None,
+    context = {"model": ctx.model, "model_name": opts.model,
+               "model_desc": describe_model(opts.model, ctx.model_dir),
+               "model_dir": str(ctx.model_dir) if ctx.model_dir else None,
                "model_sha256": weights_digest(ctx.model_dir), "dtype": opts.dtype,
                "threads": opts.threads, "concurrency": opts.concurrency,
                "offline_concurrency": opts.offline_concurrency, "block_size": opts.block_size,

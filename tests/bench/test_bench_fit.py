@@ -121,3 +121,21 @@ def test_the_limit_is_the_models_own(tmp_path):
            "max_position_embeddings": 8192}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert fit.model_max_len(str(tmp_path), tmp_path) == 8192
+
+
+def test_the_report_describes_the_model_from_its_config(tmp_path):
+    from prefixcache.bench.runner import describe_model
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 100, "max_position_embeddings": 2048,
+           "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert describe_model(str(tmp_path), tmp_path) == (
+        "LlamaForCausalLM, 3 layers, hidden 64, 4/2 heads, 128 MLP, vocab 100, context 4096")
+    assert describe_model("builtin:tiny", None) == ""
+    gguf_entry = tmp_path / "gguf" / "abc-v1"
+    gguf_entry.mkdir(parents=True)
+    (gguf_entry / "config.json").write_text(json.dumps(cfg))
+    assert describe_model("x.gguf", gguf_entry).endswith(
+        "; GGUF weights dequantized to float32 (the copy every peer reads)")
