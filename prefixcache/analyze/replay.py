@@ -98,8 +98,8 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
     else:
         num_pages = cfg.capacity_tokens // bs
         if num_pages < 1:
-            raise ValueError(f"capacity of {cfg.capacity_tokens} tokens is less than one "
-                             f"page of {bs}")
+            raise ValueError(f"capacity_tokens={cfg.capacity_tokens} is less than one "
+                             f"page (block_size={bs})")
     mgr = KVCacheManager(num_pages, block_size=bs, model_id=cfg.model_id)
     expiry = IdleExpiry(mgr, cfg.ttl_seconds) if cfg.ttl_seconds else None
     calls: list[CallResult] = []
