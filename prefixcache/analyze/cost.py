@@ -8,9 +8,11 @@ tokenized recorded response, else 0):
 - cache-aware = (P - C - W) x input + C x read + W x write + O x output, plus storage
   for explicit caches.
 
-C and W come from the mode (see :mod:`.pricing`): ``automatic`` and ``explicit`` replay
-the log through the cache core with the provider's unit as block size (unlimited
-capacity unless ``use_analysis_cache``) and its idle TTL; a hit shorter than
+Each request is billed at its own model's row of the sheet (:mod:`.model_rows`; the
+report names every substitution). C and W come from the mode (see :mod:`.pricing`):
+``automatic`` and ``explicit`` replay the log through the cache core with the provider's
+unit as block size (unlimited capacity and one cache per model unless
+``use_analysis_cache``) and its idle TTL; a hit shorter than
 ``min_cached_tokens`` is billed as a miss. ``breakpoints`` uses the breakpoint model
 (:mod:`.breakpoints`). ``explicit`` adds storage: every page read at least once is
 stored from its first write until one TTL after its last use (one TTL per page when the
@@ -152,7 +154,8 @@ def output_tokens(tr: TokenizedRequest) -> tuple[int, str]:
 
 def replay_for_prices(replays: ReplayCache, p: Prices) -> ReplayResult:
     """The replay whose hits a price mode bills: the provider's unit as block size, an
-    unlimited cache with its idle TTL; or the analysis cache (``use_analysis_cache``)."""
+    unlimited cache per model with its idle TTL; or the analysis cache
+    (``use_analysis_cache``)."""
     a = replays.analysis
     if p.use_analysis_cache:
         cfg = ReplayConfig(**{**a.__dict__, "keep_hashes": False,
@@ -160,7 +163,7 @@ def replay_for_prices(replays: ReplayCache, p: Prices) -> ReplayResult:
     else:
         cfg = ReplayConfig(block_size=p.unit_tokens or a.block_size, capacity_tokens=None,
                            publish_responses=a.publish_responses, ttl_seconds=p.ttl_seconds,
-                           track_page_use=p.kind == "explicit")
+                           track_page_use=p.kind == "explicit", per_model=True)
     return replays.get(cfg)
 
 
@@ -230,9 +233,8 @@ def price_log(requests: list[TokenizedRequest], p: Prices, replays: ReplayCache,
         res.flat_output += out * pr.output
         res.aware_input += aware_in
         res._read_price += n_prompt * pr.read
-        for key, book in ((tr.tenant or "", res.per_tenant),
-                          (tr.request.model, res.per_model)):
-            t = book.setdefault(key, TenantCost())
+        for t in (res.per_tenant.setdefault(tr.tenant or "", TenantCost()),
+                  res.per_model.setdefault(tr.request.model, TenantCost())):
             t.requests += 1
             t.prompt_tokens += n_prompt
             t.cached_tokens += c
