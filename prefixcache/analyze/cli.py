@@ -9,6 +9,7 @@ Examples:
         --json report.json --plots plots/
     prefixcache analyze log.jsonl --capacity-bytes 40e9 --model-config path/to/model \\
         --prices openai:gpt-4o --prices anthropic --prices my_sheet.json
+    prefixcache analyze log.jsonl --prices openai --price-model my-finetune=gpt-4.1-mini
 """
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="do not publish recorded responses after their prompts")
     p.add_argument("--prices", action="append", metavar="NAME|PATH[:MODEL]",
                    help="price sheet (repeatable): openai, anthropic, deepseek, gemini, "
-                   "self-hosted, a JSON file, or 'all' (default)")
+                   "self-hosted, a JSON file, or 'all' (default); :MODEL prices every "
+                   "request at that row instead of its own model's")
     p.add_argument("--price-model", action="append", metavar="LOG_MODEL=SHEET_MODEL",
                    help="price requests of LOG_MODEL at the sheet's SHEET_MODEL row "
                    "(repeatable; default: each request's own model when the sheet has it, "

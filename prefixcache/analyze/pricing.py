@@ -27,7 +27,9 @@ MODE ``kind``:
   ``storage_per_mtok_hour`` for the cached pages over their lifetime and ``ttl_seconds``.
 
 ``--prices`` takes ``NAME`` (a built-in sheet: openai, anthropic, deepseek, gemini,
-self-hosted), ``PATH`` (a sheet file), either with ``:MODEL``, or ``all``.
+self-hosted), ``PATH`` (a sheet file), either with ``:MODEL``, or ``all``. Without
+``:MODEL`` each request is priced at its own model's row (:mod:`.model_rows`); with it,
+every request at that row.
 """
 from __future__ import annotations
 

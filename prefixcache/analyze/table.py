@@ -127,9 +127,10 @@ def _sweeps(r: dict) -> list[Table | Text]:
     b.add_column("capacity", justify="right")
     b.add_column("hit rate", justify="right")
     b.add_column("evictions", justify="right")
+    b.add_column("requests too large", justify="right")
     for p in sw["capacity"]:
         cap = "unlimited" if p["capacity_tokens"] is None else num(p["capacity_tokens"])
-        b.add_row(cap, pct(p["hit_rate"]), num(p["evictions"]))
+        b.add_row(cap, pct(p["hit_rate"]), num(p["evictions"]), num(p["failed"]))
     out: list = [a, b]
     if sw.get("block_size_skipped"):
         out.insert(1, Text(f"Block sizes skipped (larger than the capacity of "
@@ -191,12 +192,14 @@ def _costs(r: dict) -> list[Table | Text]:
                   f"{c['input_ratio']:.2f}x", f"{c['formula_ratio']:.2f}x",
                   num(c["write_tokens"]), money(c["storage"], cur))
     out: list = [t]
-    subs = [(c, x) for c in costs for x in c.get("substitutions", [])]
+    subs = dict.fromkeys(  # the same for every mode of a sheet: once per provider
+        (c["provider"], x["requests"], x["model"] or "(no model)", x["row"], x["how"])
+        for c in costs for x in c.get("substitutions", []))
     if subs:
         out.append(Text("Requests priced at another model's rates:\n" + "\n".join(
-            f"  {c['provider']}/{c['mode']}: {x['requests']:,} requests of "
-            f"{x['model'] or '(no model)'} priced as {x['row']} ({x['how']})"
-            for c, x in subs) + "\n  (map a model to a row with --price-model LOG=ROW)",
+            f"  {prov}: {n:,} requests of {model} priced as {row} ({how})"
+            for prov, n, model, row, how in subs)
+            + "\n  (map a model to a row with --price-model LOG_MODEL=SHEET_MODEL)",
             style="italic"))
     tenants = sorted({k for c in costs for k in c["per_tenant"]})
     if len(tenants) > 1:

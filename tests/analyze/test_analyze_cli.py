@@ -137,7 +137,7 @@ def test_openai_prices_each_request_by_its_model(tmp_path, mixed_model_log, caps
     assert main(["analyze", str(mixed_model_log), "--prices", "openai", "--no-sweeps",
                  "--price-model", "mystery-model=gpt-4o-mini"]) == 0
     out = capsys.readouterr().out
-    assert "1 requests of mystery-model priced as gpt-4o-mini (--price-model)" in out
+    assert "openai: 1 requests of mystery-model priced as gpt-4o-mini (--price-model)" in out
     assert main(["analyze", str(mixed_model_log), "--prices", "openai", "--quiet",
                  "--price-model", "mystery-model=nope"]) == 2
     assert main(["analyze", str(mixed_model_log), "--quiet", "--price-model", "gpt-4o"]) == 2
