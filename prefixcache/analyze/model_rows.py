@@ -1,8 +1,8 @@
 """Which row of a price sheet prices each request: the request's own ``model``.
 
 A request is priced by the sheet row named like its ``model`` field, also when the log
-names a provider-prefixed or dated snapshot of it (``openai/gpt-4o``,
-``gpt-4o-2024-08-06``, ``claude-sonnet-4-5-20250929``). ``--price-model LOG=ROW`` maps a
+names a provider-prefixed, dated or ``-latest`` snapshot of it (``openai/gpt-4o``,
+``gpt-4o-2024-08-06``, ``claude-3-5-sonnet-latest``). ``--price-model LOG=ROW`` maps a
 log model to a row explicitly; ``NAME:MODEL`` on ``--prices`` pins one row for every
 request. Anything else falls back to the sheet's default row, and the report names that
 substitution per model with its request count (:func:`choose_rows`).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 # how a row was chosen
 OWN, SNAPSHOT, MAPPED, PINNED, DEFAULT = ("own model", "snapshot", "--price-model",
                                           "pinned by --prices", "default row")
-_DATE = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
+_DATE = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
 
 
 @dataclass(frozen=True)

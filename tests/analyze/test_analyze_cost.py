@@ -5,7 +5,7 @@ import pytest
 from analyze_helpers import tokreq
 
 from prefixcache.analyze.cost import price_log, price_sheet
-from prefixcache.analyze.model_rows import check_model_map, parse_model_map
+from prefixcache.analyze.model_rows import check_model_map, choose_row, parse_model_map
 from prefixcache.analyze.pricing import (
     PriceSheetError,
     builtin_sheet_names,
@@ -226,3 +226,17 @@ def test_model_map_errors_name_the_flag():
         check_model_map({"zzz": "nope"}, [two_model_sheet()])
     with pytest.raises(PriceSheetError, match="--prices openai:nope"):
         load_price_specs(["openai:nope"])
+
+
+@pytest.mark.parametrize("sheet_name,model,row,how", [
+    ("openai", "gpt-4o", "gpt-4o", "own model"),
+    ("openai", "gpt-4o-mini-2024-07-18", "gpt-4o-mini", "snapshot"),
+    ("openai", "openai/o3-mini-2025-01-31", "o3-mini", "snapshot"),
+    ("openai", "gpt-4-turbo", "gpt-4.1", "default row"),
+    ("anthropic", "claude-3-7-sonnet-20250219", "claude-3-7-sonnet", "snapshot"),
+    ("anthropic", "claude-3-5-sonnet-latest", "claude-3-5-sonnet", "snapshot"),
+    ("deepseek", "deepseek/deepseek-reasoner", "deepseek-reasoner", "snapshot"),
+    ("deepseek", None, "deepseek-chat", "default row"),
+])
+def test_builtin_rows_match_logged_model_names(sheet_name, model, row, how):
+    assert choose_row(load_sheet(sheet_name), model) == (row, how)
