@@ -10,7 +10,8 @@ sheets (``prices/*.json``). Modules, one concept each:
   tokenizers are :mod:`prefixcache.text`'s);
 - :mod:`.replay` (with :mod:`.expiry`), :mod:`.sweep`, :mod:`.capacity`: the cache core
   replay; :mod:`.breakers`, :mod:`.tree`, :mod:`.textmap`: where prompts share and break;
-- :mod:`.pricing`, :mod:`.cost`, :mod:`.breakpoints`: price sheets and cost models;
+- :mod:`.pricing`, :mod:`.model_rows`, :mod:`.cost`, :mod:`.breakpoints`: price
+  sheets, which row prices each request, and cost models;
 - :mod:`.validate`: replay against recorded usage;
 - :mod:`.analysis` (the whole report), :mod:`.table`, :mod:`.plots`, :mod:`.cli`.
 

@@ -10,12 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixcache.analyze.breakers import find_breakers, group_breakers
-from prefixcache.analyze.cost import price_log
+from prefixcache.analyze.cost import price_sheet
 from prefixcache.analyze.encode import EncodeInfo, encode_requests
-from prefixcache.analyze.pricing import parse_price_specs
+from prefixcache.analyze.model_rows import check_model_map
+from prefixcache.analyze.pricing import load_price_specs
 from prefixcache.analyze.records import Request, TokenizedRequest
 from prefixcache.analyze.replay import ReplayCache, ReplayConfig, ReplayResult
-from prefixcache.analyze.sweep import BLOCK_SIZES, block_size_sweep, capacity_points, capacity_sweep
+from prefixcache.analyze.sweep import (
+    BLOCK_SIZES,
+    block_size_sweep,
+    capacity_points,
+    capacity_sweep,
+    fitting_block_sizes,
+)
 from prefixcache.analyze.tree import summarize_tree
 from prefixcache.analyze.validate import compare_recorded
 
@@ -32,6 +39,7 @@ class AnalyzeOptions:
     template: str = "auto"
     prices: list[str] | None = None
     price_overrides: dict | None = None
+    price_models: dict[str, str] | None = None  # log model -> sheet row (--price-model)
     top_breakers: int = 10
     top_prefixes: int = 10
     block_sizes: tuple[int, ...] = BLOCK_SIZES
@@ -107,12 +115,14 @@ def analyze_tokenized(trs: list[TokenizedRequest], info: EncodeInfo, opts: Analy
         "calls": _calls(trs, main, unb),
     }
     if opts.sweeps and trs:
-        largest = max(len(t.prompt_ids) + len(t.response_ids) for t in trs)
-        caps = capacity_points(report["footprint_tokens"], largest, opts.block_size,
+        caps = capacity_points(unb.stats["published_pages"], opts.block_size,
                                opts.capacity_tokens)
+        _, skipped = fitting_block_sizes(opts.capacity_tokens, opts.block_sizes)
         report["sweeps"] = {
             "block_size": [p.as_dict() for p in block_size_sweep(replays, cfg,
                                                                   opts.block_sizes)],
+            "block_size_skipped": skipped,
+            "working_set_pages": unb.stats["published_pages"],
             "capacity": [p.as_dict() for p in capacity_sweep(replays, cfg, caps)],
         }
     breakers = find_breakers(trs, [c.cached_tokens for c in unb.calls], opts.block_size,
@@ -124,8 +134,12 @@ def analyze_tokenized(trs: list[TokenizedRequest], info: EncodeInfo, opts: Analy
     report["tree"] = summarize_tree(trs, unb.prompt_hashes or [], opts.block_size, tokenizer,
                                     opts.top_prefixes).as_dict()
     if opts.costs:
-        report["costs"] = [price_log(trs, p, replays).as_dict()
-                           for p in parse_price_specs(opts.prices, opts.price_overrides)]
+        specs = load_price_specs(opts.prices)
+        model_map = opts.price_models or {}
+        check_model_map(model_map, [sheet for sheet, _ in specs])
+        report["costs"] = [c.as_dict() for sheet, pinned in specs
+                           for c in price_sheet(trs, sheet, replays, pinned, model_map,
+                                                opts.price_overrides)]
     report["validation"] = compare_recorded(trs, main)
     report["replays_run"] = replays.replays_run
     return report

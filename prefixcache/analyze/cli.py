@@ -9,6 +9,7 @@ Examples:
         --json report.json --plots plots/
     prefixcache analyze log.jsonl --capacity-bytes 40e9 --model-config path/to/model \\
         --prices openai:gpt-4o --prices anthropic --prices my_sheet.json
+    prefixcache analyze log.jsonl --prices openai --price-model my-finetune=gpt-4.1-mini
 """
 from __future__ import annotations
 
@@ -73,7 +74,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="do not publish recorded responses after their prompts")
     p.add_argument("--prices", action="append", metavar="NAME|PATH[:MODEL]",
                    help="price sheet (repeatable): openai, anthropic, deepseek, gemini, "
-                   "self-hosted, a JSON file, or 'all' (default)")
+                   "self-hosted, a JSON file, or 'all' (default); :MODEL prices every "
+                   "request at that row instead of its own model's")
+    p.add_argument("--price-model", action="append", metavar="LOG_MODEL=SHEET_MODEL",
+                   help="price requests of LOG_MODEL at the sheet's SHEET_MODEL row "
+                   "(repeatable; default: each request's own model when the sheet has it, "
+                   "else the sheet's default row, named in the report)")
     p.add_argument("--no-cost", action="store_true", help="skip the cost report")
     p.add_argument("--accelerator-hour", type=float, metavar="USD",
                    help="self-hosted: accelerator price per hour")
@@ -105,11 +111,22 @@ def _overrides(args) -> dict | None:
     return o or None
 
 
+def _capacity_error(args, cap: int, kv: int | None) -> str:
+    """The capacity-below-one-page error, in the user's own flags."""
+    if args.capacity_tokens is not None:
+        asked = f"--capacity-tokens {args.capacity_tokens}"
+    else:
+        asked = (f"--capacity-bytes {args.capacity_bytes} at {kv} KV bytes per token "
+                 f"({cap} tokens)")
+    return f"{asked} is less than one page (--block-size {args.block_size})"
+
+
 def run(args) -> int:
     from prefixcache.analyze.analysis import AnalyzeOptions, analyze_requests
     from prefixcache.analyze.capacity import capacity_tokens, kv_bytes_per_token_from_config
     from prefixcache.analyze.logs import LogFormatError, load_logs
-    from prefixcache.analyze.pricing import PriceSheetError, parse_price_specs
+    from prefixcache.analyze.model_rows import check_model_map, parse_model_map
+    from prefixcache.analyze.pricing import PriceSheetError, load_price_specs
     from prefixcache.text.chat_template import ChatTemplateError
     from prefixcache.text.loading import TokenizerError, load_tokenizer
 
@@ -123,11 +140,11 @@ def run(args) -> int:
             kv = kv_bytes_per_token_from_config(args.model_config, args.kv_dtype)
         cap = capacity_tokens(args.capacity_tokens, args.capacity_bytes, kv)
         if cap is not None and cap < args.block_size:
-            return fail(f"capacity of {cap} tokens is less than one page of "
-                        f"{args.block_size}")
+            return fail(_capacity_error(args, cap, kv))
         overrides = _overrides(args)
-        if not args.no_cost:
-            parse_price_specs(args.prices, overrides)  # fail early on a bad sheet
+        price_models = parse_model_map(args.price_model)
+        if not args.no_cost:  # fail early on a bad sheet or mapping
+            check_model_map(price_models, [s for s, _ in load_price_specs(args.prices)])
         requests = load_logs(args.logs, args.format)
         if not requests:
             return fail("the log holds no requests")
@@ -136,6 +153,7 @@ def run(args) -> int:
             block_size=args.block_size, capacity_tokens=cap, kv_bytes_per_token=kv,
             publish_responses=not args.no_responses, ttl_seconds=args.ttl,
             template=args.template, prices=args.prices, price_overrides=overrides,
+            price_models=price_models,
             top_breakers=args.top_breakers, sweeps=not args.no_sweeps,
             costs=not args.no_cost, inputs=[str(x) for x in args.logs])
         report = analyze_requests(requests, tokenizer, opts)

@@ -36,9 +36,9 @@ def write_plots(r: dict, out_dir: str | Path) -> list[Path]:
         written.append(_save(fig, out / "hit_rate_vs_block_size.png", plt))
     if sw and sw["capacity"]:
         fig, ax = plt.subplots(figsize=(6, 4))
-        xs = [p["capacity_tokens"] for p in sw["capacity"]]
-        ax.plot(xs, [100 * p["hit_rate"] for p in sw["capacity"]], marker="o",
-                label=f"block size {r['block_size']}")
+        finite = [p for p in sw["capacity"] if p["capacity_tokens"] is not None]
+        ax.plot([p["capacity_tokens"] for p in finite], [100 * p["hit_rate"] for p in finite],
+                marker="o", label=f"block size {r['block_size']}")
         ax.axhline(100 * r["hit_rate_unbounded"], ls="--", color="gray", label="unlimited")
         ax.set_xscale("log")
         kv = r.get("kv_bytes_per_token")

@@ -27,7 +27,9 @@ MODE ``kind``:
   ``storage_per_mtok_hour`` for the cached pages over their lifetime and ``ttl_seconds``.
 
 ``--prices`` takes ``NAME`` (a built-in sheet: openai, anthropic, deepseek, gemini,
-self-hosted), ``PATH`` (a sheet file), either with ``:MODEL``, or ``all``.
+self-hosted), ``PATH`` (a sheet file), either with ``:MODEL``, or ``all``. Without
+``:MODEL`` each request is priced at its own model's row (:mod:`.model_rows`); with it,
+every request at that row.
 """
 from __future__ import annotations
 
@@ -190,27 +192,40 @@ def resolve(sheet: dict, model: str | None = None, overrides: dict | None = None
     return result
 
 
-def parse_price_specs(specs: list[str] | None, overrides: dict | None = None) -> list[Prices]:
-    """``--prices`` values to prices. ``None``/``[]``/``["all"]``: every built-in
-    sheet's default model.
+def load_price_specs(specs: list[str] | None) -> list[tuple[dict, str | None]]:
+    """``--prices`` values to ``(sheet, pinned model or None)`` pairs. ``None``/``[]``/
+    ``["all"]``: every built-in sheet, no model pinned.
 
     Raises:
-        PriceSheetError: unknown sheet or model.
+        PriceSheetError: unknown sheet, or a pinned model the sheet does not have.
     """
-    specs = specs or ["all"]
-    out: list[Prices] = []
-    for spec in specs:
+    out: list[tuple[dict, str | None]] = []
+    for spec in specs or ["all"]:
         if spec == "all":
-            names = builtin_sheet_names()
-            for n in names:
-                sheet = load_sheet(n)
-                out.extend(resolve(sheet, None, overrides if sheet["provider"] ==
-                                   "self-hosted" else None))
+            out.extend((load_sheet(n), None) for n in builtin_sheet_names())
             continue
         source, model = spec, None
         if ":" in spec and not Path(spec).exists():
             source, model = spec.rsplit(":", 1)
         sheet = load_sheet(source)
-        out.extend(resolve(sheet, model or None,
-                           overrides if sheet["provider"] == "self-hosted" else None))
+        if model and model not in sheet["models"]:
+            raise PriceSheetError(f"--prices {spec}: {sheet['provider']} has no model "
+                                  f"{model!r} (models: {', '.join(sheet['models'])})")
+        out.append((sheet, model or None))
     return out
+
+
+def sheet_overrides(sheet: dict, overrides: dict | None) -> dict | None:
+    """The command-line overrides that apply to ``sheet`` (self-hosted sheets only)."""
+    return overrides if sheet["provider"] == "self-hosted" else None
+
+
+def parse_price_specs(specs: list[str] | None, overrides: dict | None = None) -> list[Prices]:
+    """``--prices`` values to prices of each sheet's pinned (else default) model.
+    ``None``/``[]``/``["all"]``: every built-in sheet's default model.
+
+    Raises:
+        PriceSheetError: unknown sheet or model.
+    """
+    return [p for sheet, model in load_price_specs(specs)
+            for p in resolve(sheet, model, sheet_overrides(sheet, overrides))]

@@ -1,6 +1,8 @@
 """Replaying tokenized requests through the cache core, with its replay driver
 (:class:`prefixcache.cache.driver.ReplayDriver`: admit, take hits, allocate, commit,
 record the query, publish the response, free), one request at a time in log order.
+With ``per_model``, each request's ``model`` is folded into its namespace, as a
+provider keeps one cache per model.
 
 Capacity: ``capacity_tokens // block_size`` pages; ``None`` = unlimited (a page for
 every prompt and response token of the log, so nothing is ever evicted). A request
@@ -79,6 +81,7 @@ class ReplayConfig:
     keep_hashes: bool = False
     track_page_use: bool = False
     model_id: str = field(default="")
+    per_model: bool = False  # requests of different ``model``s never share pages
 
 
 def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
@@ -98,8 +101,8 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
     else:
         num_pages = cfg.capacity_tokens // bs
         if num_pages < 1:
-            raise ValueError(f"capacity of {cfg.capacity_tokens} tokens is less than one "
-                             f"page of {bs}")
+            raise ValueError(f"capacity_tokens={cfg.capacity_tokens} is less than one "
+                             f"page (block_size={bs})")
     mgr = KVCacheManager(num_pages, block_size=bs, model_id=cfg.model_id)
     expiry = IdleExpiry(mgr, cfg.ttl_seconds) if cfg.ttl_seconds else None
     calls: list[CallResult] = []
@@ -110,8 +113,11 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
         req = r.request
         now = req.timestamp
         prompt = r.prompt_ids
+        salt = req.cache_salt
+        if cfg.per_model and req.model is not None:
+            salt = f"{salt or ''}\x00model={req.model}"
         done = driver.serve(req.request_id, prompt, tenant=req.tenant,
-                            cache_salt=req.cache_salt, now=now,
+                            cache_salt=salt, now=now,
                             response=r.response_ids if cfg.publish_responses else ())
         calls.append(CallResult(len(prompt), done.cached_tokens,
                                 done.response_tokens_published, fits=done.fits))
@@ -161,11 +167,13 @@ class ReplayCache:
         self.analysis = analysis
         self._done: list[tuple[ReplayConfig, ReplayResult]] = []
         self._timed = any(r.request.timestamp is not None for r in requests)
+        self._models = len({r.request.model for r in requests}) > 1
 
     def _same(self, a: ReplayConfig, b: ReplayConfig) -> bool:
         def key(c: ReplayConfig) -> tuple:  # a TTL changes nothing without timestamps
             return (c.block_size, c.capacity_tokens, c.publish_responses,
-                    c.ttl_seconds if self._timed else None, c.model_id)
+                    c.ttl_seconds if self._timed else None, c.model_id,
+                    c.per_model and self._models)
         return key(a) == key(b)
 
     def get(self, cfg: ReplayConfig) -> ReplayResult:

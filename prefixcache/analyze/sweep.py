@@ -1,4 +1,9 @@
-"""Hit rate against block size and against capacity, each point one replay."""
+"""Hit rate against block size and against capacity, each point one replay.
+
+The capacity sweep is drawn from the log's own working set (the distinct pages the
+unlimited replay publishes): geometric steps from one page up to the whole working set,
+then unlimited, so the curve rises from no hits to the log's best hit rate.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +11,7 @@ from dataclasses import dataclass
 from prefixcache.analyze.replay import ReplayCache, ReplayConfig
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-CAPACITY_POINTS = 6
+CAPACITY_POINTS = 10
 
 
 @dataclass
@@ -28,32 +33,54 @@ def _point(replays: ReplayCache, cfg: ReplayConfig) -> SweepPoint:
                       res.stats["evictions"], res.failed)
 
 
+def fitting_block_sizes(capacity_tokens: int | None, block_sizes=BLOCK_SIZES
+                        ) -> tuple[list[int], list[int]]:
+    """``(fit, skipped)``: the block sizes of which ``capacity_tokens`` holds at least one
+    page, and those it does not (``None``: unlimited, every size fits)."""
+    fit = [bs for bs in block_sizes if capacity_tokens is None or capacity_tokens >= bs]
+    return fit, [bs for bs in block_sizes if bs not in fit]
+
+
 def block_size_sweep(replays: ReplayCache, base: ReplayConfig,
                      block_sizes=BLOCK_SIZES) -> list[SweepPoint]:
-    """Hit rate for each block size at ``base``'s capacity (and other settings)."""
+    """Hit rate for each block size at ``base``'s capacity (and other settings); block
+    sizes larger than the capacity are left out (see :func:`fitting_block_sizes`)."""
+    fit, _ = fitting_block_sizes(base.capacity_tokens, block_sizes)
     return [_point(replays, ReplayConfig(**{**base.__dict__, "block_size": bs,
                                              "keep_hashes": False, "track_page_use": False}))
-            for bs in block_sizes]
+            for bs in fit]
 
 
-def capacity_points(footprint_tokens: int, largest_request_tokens: int, block_size: int,
-                    extra: int | None = None, points: int = CAPACITY_POINTS) -> list[int]:
-    """Capacities to try: ``points`` sizes spaced geometrically from the largest
-    request (a smaller pool cannot run it) to the unlimited cache's footprint, rounded
-    up to whole pages, plus ``extra`` (the capacity asked for)."""
-    lo = -(-largest_request_tokens // block_size) * block_size
-    hi = max(lo, -(-footprint_tokens // block_size) * block_size)
-    pts = {lo, hi}
+def capacity_points(working_set_pages: int, block_size: int, extra: int | None = None,
+                    points: int = CAPACITY_POINTS) -> list[int | None]:
+    """Capacities to try, in tokens, ascending, ending with ``None`` (unlimited).
+
+    Args:
+        working_set_pages: distinct pages the log touches (the unlimited replay's
+            published pages); the sweep runs from one page to all of them in up to
+            ``points`` geometric steps, each a whole number of pages.
+        block_size: tokens per page.
+        extra: a capacity to include (the one asked for), in tokens.
+
+    Raises:
+        ValueError: ``block_size`` or ``points`` below 1.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    if points < 1:
+        raise ValueError(f"points must be at least 1, got {points}")
+    hi = max(1, working_set_pages)
+    pages = {1, hi}
     for k in range(1, points - 1):
-        c = lo * (hi / lo) ** (k / (points - 1))
-        pts.add(-(-int(c) // block_size) * block_size)
+        pages.add(round(hi ** (k / (points - 1))))
+    caps: set[int] = {p * block_size for p in pages}
     if extra:
-        pts.add(extra)
-    return sorted(pts)
+        caps.add(extra)
+    return [*sorted(caps), None]
 
 
 def capacity_sweep(replays: ReplayCache, base: ReplayConfig,
-                   capacities: list[int]) -> list[SweepPoint]:
+                   capacities: list[int | None]) -> list[SweepPoint]:
     return [_point(replays, ReplayConfig(**{**base.__dict__, "capacity_tokens": c,
                                              "keep_hashes": False, "track_page_use": False}))
             for c in capacities]

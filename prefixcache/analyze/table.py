@@ -112,7 +112,7 @@ def _calls(r: dict, limit: int | None) -> Table:
     return t
 
 
-def _sweeps(r: dict) -> list[Table]:
+def _sweeps(r: dict) -> list[Table | Text]:
     sw = r.get("sweeps")
     if not sw:
         return []
@@ -120,13 +120,23 @@ def _sweeps(r: dict) -> list[Table]:
     for p in sw["block_size"]:
         a.add_column(str(p["block_size"]), justify="right")
     a.add_row(*[pct(p["hit_rate"]) for p in sw["block_size"]])
-    b = Table(title="Hit rate by capacity (tokens)", title_justify="left")
+    ws = sw.get("working_set_pages")
+    b = Table(title="Hit rate by capacity (tokens)" + (
+        f"; the log's working set is {ws:,} pages" if ws is not None else ""),
+        title_justify="left")
     b.add_column("capacity", justify="right")
     b.add_column("hit rate", justify="right")
     b.add_column("evictions", justify="right")
+    b.add_column("requests too large", justify="right")
     for p in sw["capacity"]:
-        b.add_row(num(p["capacity_tokens"]), pct(p["hit_rate"]), num(p["evictions"]))
-    return [a, b]
+        cap = "unlimited" if p["capacity_tokens"] is None else num(p["capacity_tokens"])
+        b.add_row(cap, pct(p["hit_rate"]), num(p["evictions"]), num(p["failed"]))
+    out: list = [a, b]
+    if sw.get("block_size_skipped"):
+        out.insert(1, Text(f"Block sizes skipped (larger than the capacity of "
+                           f"{r['capacity_tokens']:,} tokens): "
+                           + ", ".join(map(str, sw["block_size_skipped"])), style="italic"))
+    return out
 
 
 def _breakers(r: dict, con: Console) -> None:
@@ -165,7 +175,7 @@ def _tree(r: dict) -> Table:
     return t
 
 
-def _costs(r: dict) -> list[Table]:
+def _costs(r: dict) -> list[Table | Text]:
     costs = r.get("costs") or []
     if not costs:
         return []
@@ -181,7 +191,16 @@ def _costs(r: dict) -> list[Table]:
                   money(c["savings"], cur), pct(c["hit_share"]), f"{c['read_ratio']:.3f}",
                   f"{c['input_ratio']:.2f}x", f"{c['formula_ratio']:.2f}x",
                   num(c["write_tokens"]), money(c["storage"], cur))
-    out = [t]
+    out: list = [t]
+    subs = dict.fromkeys(  # the same for every mode of a sheet: once per provider
+        (c["provider"], x["requests"], x["model"] or "(no model)", x["row"], x["how"])
+        for c in costs for x in c.get("substitutions", []))
+    if subs:
+        out.append(Text("Requests priced at another model's rates:\n" + "\n".join(
+            f"  {prov}: {n:,} requests of {model} priced as {row} ({how})"
+            for prov, n, model, row, how in subs)
+            + "\n  (map a model to a row with --price-model LOG_MODEL=SHEET_MODEL)",
+            style="italic"))
     tenants = sorted({k for c in costs for k in c["per_tenant"]})
     if len(tenants) > 1:
         s = Table(title="Savings per tenant", title_justify="left")

@@ -97,3 +97,76 @@ def test_swe_agent_history_elision_is_the_top_breaker(tmp_path):
     top = r["breakers"]["groups"][0]
     assert top["key"].startswith("tool message")
     assert "⟦Old environment output" in top["example"]["context"]
+
+
+@pytest.fixture
+def mixed_model_log(write_jsonl):
+    def rec(rid, model, prompt, out):
+        return {"request_id": rid, "model": model, "prompt": prompt,
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": out,
+                          "prompt_tokens_details": {"cached_tokens": 0}}}
+    p1200 = list(range(1, 1201))
+    return write_jsonl([
+        rec("a", "gpt-4o", p1200, 10), rec("b", "gpt-4o", p1200 + list(range(2001, 2101)), 20),
+        rec("c", "gpt-4.1-mini", list(range(3001, 3051)), 5),
+        rec("d", "gpt-4o-2024-08-06", list(range(4001, 4041)), 4),
+        rec("e", "mystery-model", list(range(5001, 5031)), 2),
+    ])
+
+
+def test_openai_prices_each_request_by_its_model(tmp_path, mixed_model_log, capsys):
+    r = run_json(tmp_path, mixed_model_log, "--prices", "openai", "--no-sweeps")
+    (c,) = r["costs"]
+    assert c["label"] == "openai/by-model/automatic"
+    assert c["cached_tokens"] == 1152  # b reads nine 128-token units of a (>= 1024)
+    per = {m["model"]: m for m in c["models"]}
+    # USD per 1M: gpt-4o 2.50 / 1.25 cached / 10 out; gpt-4.1-mini 0.40 / 1.60;
+    # gpt-4.1 (the default row) 2.00 / 8.00
+    assert per["gpt-4o"]["flat"] == pytest.approx((2500 * 2.5 + 30 * 10) / 1e6)
+    assert per["gpt-4o"]["cache_aware"] == pytest.approx(
+        ((2500 - 1152) * 2.5 + 1152 * 1.25 + 30 * 10) / 1e6)
+    assert per["gpt-4.1-mini"]["flat"] == pytest.approx((50 * 0.4 + 5 * 1.6) / 1e6)
+    assert per["gpt-4o-2024-08-06"]["row"] == "gpt-4o"
+    assert per["gpt-4o-2024-08-06"]["flat"] == pytest.approx((40 * 2.5 + 4 * 10) / 1e6)
+    assert per["mystery-model"]["flat"] == pytest.approx((30 * 2.0 + 2 * 8.0) / 1e6)
+    assert c["flat"] == pytest.approx(6794 / 1e6) and c["cache_aware"] == pytest.approx(5354 / 1e6)
+    assert c["substitutions"] == [{"model": "mystery-model", "row": "gpt-4.1",
+                                   "how": "default row", "requests": 1, "substituted": True}]
+    assert c["recorded"]["cost"] == pytest.approx(6794 / 1e6)  # the log's usage, same rows
+    # mapped explicitly, and the terminal names the substitution
+    assert main(["analyze", str(mixed_model_log), "--prices", "openai", "--no-sweeps",
+                 "--price-model", "mystery-model=gpt-4o-mini"]) == 0
+    out = capsys.readouterr().out
+    assert "openai: 1 requests of mystery-model priced as gpt-4o-mini (--price-model)" in out
+    assert main(["analyze", str(mixed_model_log), "--prices", "openai", "--quiet",
+                 "--price-model", "mystery-model=nope"]) == 2
+    assert main(["analyze", str(mixed_model_log), "--quiet", "--price-model", "gpt-4o"]) == 2
+    err = capsys.readouterr().err
+    assert "--price-model mystery-model=nope" in err and "--price-model 'gpt-4o'" in err
+
+
+def test_capacity_under_a_sweep_page_skips_that_block_size(tmp_path, token_log, capsys):
+    r = run_json(tmp_path, token_log, "--capacity-tokens", "20", "--block-size", "16",
+                 "--no-cost")
+    assert r["capacity_tokens"] == 20 and r["num_pages"] == 1
+    assert [p["block_size"] for p in r["sweeps"]["block_size"]] == [16]
+    assert r["sweeps"]["block_size_skipped"] == [32, 64, 128, 256]
+    assert main(["analyze", str(token_log), "--capacity-tokens", "20", "--no-cost"]) == 0
+    assert "Block sizes skipped (larger than the capacity of 20 tokens): 32, 64, 128, " \
+        "256" in capsys.readouterr().out
+    assert main(["analyze", str(token_log), "--capacity-tokens", "8", "--quiet"]) == 2
+    assert main(["analyze", str(token_log), "--capacity-bytes", "100", "--kv-bytes-per-token",
+                 "10", "--block-size", "32", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--capacity-tokens 8 is less than one page (--block-size 16)" in err
+    assert "--capacity-bytes 100 at 10 KV bytes per token (10 tokens) is less than one page " \
+        "(--block-size 32)" in err
+
+
+def test_capacity_sweep_spans_one_page_to_unlimited(tmp_path, token_log):
+    r = run_json(tmp_path, token_log, "--no-cost")
+    sw = r["sweeps"]
+    assert sw["working_set_pages"] == 5  # a: 2 pages, b: 1 more, c (tenant t2): 2
+    assert [(p["capacity_tokens"], p["cached_tokens"], p["failed"]) for p in sw["capacity"]] \
+        == [(16, 0, 3), (32, 0, 3), (48, 0, 1), (64, 32, 0), (80, 32, 0), (None, 32, 0)]
+    assert sw["capacity"][-1]["hit_rate"] == r["hit_rate_unbounded"]

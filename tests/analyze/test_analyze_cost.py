@@ -4,10 +4,12 @@ import json
 import pytest
 from analyze_helpers import tokreq
 
-from prefixcache.analyze.cost import price_log
+from prefixcache.analyze.cost import price_log, price_sheet
+from prefixcache.analyze.model_rows import check_model_map, choose_row, parse_model_map
 from prefixcache.analyze.pricing import (
     PriceSheetError,
     builtin_sheet_names,
+    load_price_specs,
     load_sheet,
     parse_price_specs,
     resolve,
@@ -149,3 +151,92 @@ def test_sheet_specs_and_errors(tmp_path):
     del bad["models"]["x"]["cached_input"]
     with pytest.raises(PriceSheetError, match="cached_input"):
         validate_sheet(bad)
+
+
+def two_model_sheet(kind="automatic", **mode):
+    sh = sheet(kind, **mode)
+    sh["default_model"] = "x"
+    sh["models"]["y"] = {"input": 10.0, "cached_input": 1.0, "output": 20.0,
+                         "min_cacheable_tokens": 4}
+    return sh
+
+
+def modeled(rid, prompt, model, out=0):
+    tr = tokreq(rid, prompt, usage=Usage("acme", len(prompt), 0, out) if out else None)
+    tr.request.model = model
+    return tr
+
+
+def test_each_request_priced_by_its_own_model_row():
+    reqs = [modeled("a", R[:16], "y"), modeled("b", R[:20], "y"), modeled("c", R[:16], "x"),
+            modeled("d", R[:8], "acme/y-2025-01-31"), modeled("e", R[:8], "zzz"),
+            modeled("f", R[:12], "zzz"), modeled("g", R[:4], None)]
+    (c,) = price_sheet(reqs, two_model_sheet(unit_tokens=4), ReplayCache(
+        reqs, ReplayConfig(block_size=16)))
+    # one cache per log model: b reads a's 16 tokens, f reads e's 8; c, d, g share nothing
+    assert c.per_call_cached == [0, 16, 0, 0, 0, 8, 0]
+    assert c.flat == 16 * 10 + 20 * 10 + 16 + 8 * 10 + 8 + 12 + 4 == 480
+    assert c.cache_aware == 160 + (4 * 10 + 16 * 1) + 16 + 80 + 8 + (4 + 8 * 0.25) + 4 == 330
+    d = c.as_dict()
+    assert d["label"] == "acme/by-model/m" and d["price_per_mtok"] is None
+    assert [(m["model"], m["row"], m["how"], m["requests"], m["flat"], m["cache_aware"])
+            for m in d["models"]] == [
+        ("y", "y", "own model", 2, 360.0, 216.0), ("zzz", "x", "default row", 2, 20.0, 14.0),
+        ("x", "x", "own model", 1, 16.0, 16.0),
+        ("acme/y-2025-01-31", "y", "snapshot", 1, 80.0, 80.0),
+        (None, "x", "default row", 1, 4.0, 4.0)]
+    assert [(s["model"], s["row"], s["requests"]) for s in d["substitutions"]] == [
+        ("zzz", "x", 2), (None, "x", 1)]
+    assert d["read_ratio"] == pytest.approx((44 * 1 + 40 * 0.25) / 480)
+
+
+def test_mapped_and_pinned_rows_are_substitutions():
+    reqs = [modeled("a", R[:16], "zzz"), modeled("b", R[:16], "zzz"), modeled("c", R[:8], "x")]
+    sh = two_model_sheet(unit_tokens=4)
+    rc = ReplayCache(reqs, ReplayConfig(block_size=16))
+    (m,) = price_sheet(reqs, sh, rc, model_map={"zzz": "y"})
+    assert m.per_call_cached == [0, 12, 0]  # a full-prompt hit recomputes the last unit
+    assert m.flat == 2 * 16 * 10 + 8 and m.cache_aware == 160 + (4 * 10 + 12 * 1) + 8
+    assert [(s["model"], s["row"], s["how"], s["requests"])
+            for s in m.as_dict()["substitutions"]] == [("zzz", "y", "--price-model", 2)]
+    (p,) = price_sheet(reqs, sh, rc, pinned="y")
+    assert p.as_dict()["label"] == "acme/y/m" and p.flat == 40 * 10
+    assert {s["model"]: s["how"] for s in p.as_dict()["substitutions"]} == {
+        "zzz": "pinned by --prices", "x": "pinned by --prices"}
+
+
+def test_breakpoints_keep_one_cache_per_row():
+    b = [16]
+    reqs = [modeled("a", R[:16], "y"), modeled("b", R[:16], "x"), modeled("c", R[:16], "y")]
+    for r in reqs:
+        r.boundaries, r.boundary_roles = b, ["system"]
+    rc = ReplayCache(reqs, ReplayConfig(block_size=16))
+    (c,) = price_sheet(reqs, two_model_sheet("breakpoints", max_breakpoints=1,
+                                            write_multiplier=2.0, read_multiplier=0.5), rc)
+    assert c.per_call_write == [16, 16, 0] and c.per_call_cached == [0, 0, 16]
+    assert c.cache_aware == 16 * 20 + 16 * 2 + 16 * 5
+
+
+def test_model_map_errors_name_the_flag():
+    assert parse_model_map(["gpt-4o=gpt-4.1", " a = b "]) == {"gpt-4o": "gpt-4.1", "a": "b"}
+    for bad in ("gpt-4o", "=x", "x="):
+        with pytest.raises(ValueError, match="--price-model"):
+            parse_model_map([bad])
+    with pytest.raises(ValueError, match="--price-model zzz=nope"):
+        check_model_map({"zzz": "nope"}, [two_model_sheet()])
+    with pytest.raises(PriceSheetError, match="--prices openai:nope"):
+        load_price_specs(["openai:nope"])
+
+
+@pytest.mark.parametrize("sheet_name,model,row,how", [
+    ("openai", "gpt-4o", "gpt-4o", "own model"),
+    ("openai", "gpt-4o-mini-2024-07-18", "gpt-4o-mini", "snapshot"),
+    ("openai", "openai/o3-mini-2025-01-31", "o3-mini", "snapshot"),
+    ("openai", "gpt-4-turbo", "gpt-4.1", "default row"),
+    ("anthropic", "claude-3-7-sonnet-20250219", "claude-3-7-sonnet", "snapshot"),
+    ("anthropic", "claude-3-5-sonnet-latest", "claude-3-5-sonnet", "snapshot"),
+    ("deepseek", "deepseek/deepseek-reasoner", "deepseek-reasoner", "snapshot"),
+    ("deepseek", None, "deepseek-chat", "default row"),
+])
+def test_builtin_rows_match_logged_model_names(sheet_name, model, row, how):
+    assert choose_row(load_sheet(sheet_name), model) == (row, how)
