@@ -82,16 +82,16 @@ def served_name(model: str) -> str:
 
 
 def check_port(host: str, port: int) -> None:
-    """Bind ``host:port`` (``SO_REUSEADDR``, as uvicorn does) and release it at once, so a
-    busy port is found before the model loads.
+    """Bind ``host:port`` as uvicorn will (``SO_REUSEADDR``, IPv6 when ``host`` has a
+    colon) and release it at once, so a busy port is found before the model loads.
 
     Raises:
         OSError: the address cannot be resolved or bound; the message names host:port.
     """
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    ipv6 = ":" in host  # uvicorn's own rule for the socket family
+    where = f"[{host}]:{port}" if ipv6 else f"{host}:{port}"
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                    flags=socket.AI_PASSIVE)[0][0]
+        family = socket.AF_INET6 if ipv6 else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, port))

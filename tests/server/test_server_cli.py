@@ -87,3 +87,19 @@ def test_check_port_releases_a_free_port():
         sock.bind(("127.0.0.1", port))  # still free: the check held it only briefly
     with pytest.raises(OSError, match=r"^cannot listen on no-such-host\.invalid:80: "):
         check_port("no-such-host.invalid", 80)
+
+
+def test_a_busy_ipv6_port_is_named_in_brackets():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        sock.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with sock:
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        with pytest.raises(OSError, match=rf"^cannot listen on \[::1\]:{port}: "
+                                          "Address already in use$"):
+            check_port("::1", port)
