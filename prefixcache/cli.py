@@ -1,14 +1,19 @@
-"""``prefixcache generate | serve | bench | bench-cache | analyze | demo``.
+"""``prefixcache COMMAND``: the command line (``python -m prefixcache`` too).
 
 Each subcommand lives in its own package and is imported only when used, so
 ``prefixcache analyze`` never loads torch models. Engine flags are the same in every
-command that builds an engine (``prefixcache/engine/args.py``).
+command that builds an engine (``prefixcache/engine/args.py``). Every parser is a
+:class:`CLIParser`: no abbreviated flags, each flag's help shows its default, and an
+unknown flag is answered with the subcommand's usage and the closest known flag.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import importlib.metadata
 import sys
+from typing import Any
 
 # subcommand -> module exposing add_parser(subparsers) and run(args) -> int
 SUBCOMMANDS = {
@@ -21,10 +26,78 @@ SUBCOMMANDS = {
     "analyze": "prefixcache.analyze.cli",
 }
 
+DESCRIPTION = ("An LLM inference engine and OpenAI-compatible server built around automatic "
+               "prefix caching, with its benchmarks and a request-log analyzer. Commands: "
+               + ", ".join(SUBCOMMANDS) + ". Run `prefixcache COMMAND --help` for a "
+               "command's flags.")
+INTERRUPTED = 130  # the shell's status for SIGINT (128 + 2)
 
-def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prefixcache", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+def version() -> str:
+    """The installed distribution's version (``"unknown"`` when run from a bare tree)."""
+    try:
+        return importlib.metadata.version("prefixcache")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to a flag's help unless the help already names its
+    default; switches (``store_true`` and the like) are off unless given and show none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text.lower() or action.default is argparse.SUPPRESS
+                or not action.option_strings or action.nargs == 0):
+            return text
+        shown = "none" if action.default is None else "%(default)s"
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+class RawDefaultsFormatter(DefaultsFormatter, argparse.RawDescriptionHelpFormatter):
+    """:class:`DefaultsFormatter` keeping the description's own line breaks."""
+
+
+class CLIParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` with no abbreviations (``--max-token`` is an error, not
+    ``--max-tokens``), the defaults in the help, and a hint for an unknown flag.
+    ``formatter_class=RawDescriptionHelpFormatter`` becomes :class:`RawDefaultsFormatter`,
+    any other :class:`DefaultsFormatter`."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raw = kwargs.get("formatter_class") is argparse.RawDescriptionHelpFormatter
+        kwargs["formatter_class"] = RawDefaultsFormatter if raw else DefaultsFormatter
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        # Extra arguments are this parser's error (its usage, not the top level's).
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self.unknown_message(extras))
+        return ns, extras
+
+    def unknown_message(self, extras: list[str]) -> str:
+        """``unrecognized arguments: ...``, with ``did you mean --x?`` for the first
+        unknown flag that is close to a known one (difflib)."""
+        msg = "unrecognized arguments: " + " ".join(extras)
+        known = [s for a in self._actions for s in a.option_strings]
+        for word in extras:
+            if not word.startswith("-"):
+                continue
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1)
+            if close:
+                return f"{msg}; did you mean {close[0]}?"
+        return msg
+
+
+def build_parser(argv: list[str]) -> CLIParser:
+    """The parser of ``argv``'s subcommand; the other subcommands are listed, not loaded
+    (a ``--help`` without one loads them all)."""
+    parser = CLIParser(prog="prefixcache", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"prefixcache {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=CLIParser)
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, module in SUBCOMMANDS.items():
         if wanted in SUBCOMMANDS and name != wanted:
@@ -39,14 +112,19 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand. A user error (a bad parameter, a missing file or data folder:
     ``ValueError``, ``OSError``) prints one line, ``prefixcache CMD: error: ...``, and
-    returns 2, as argparse does; anything else is a bug and keeps its traceback."""
+    returns 2, as argparse does; Ctrl-C (``KeyboardInterrupt``) returns 130 with no
+    traceback; anything else is a bug and keeps its traceback."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
     try:
-        return int(args._run(args) or 0)
-    except (ValueError, OSError) as exc:
-        print(f"prefixcache {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        args = build_parser(argv).parse_args(argv)
+        try:
+            return int(args._run(args) or 0)
+        except (ValueError, OSError) as exc:
+            print(f"prefixcache {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # end the line the terminal's ^C is on
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("logs", nargs="+", metavar="LOG", help="log files: JSONL of OpenAI "
                    "request bodies, SWE-agent .traj, mini-swe-agent .traj.json, oasst1 "
                    "trees (JSONL) or ShareGPT conversations (JSON)")
-    p.add_argument("--format", choices=FORMATS, default="auto")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="log format (auto: from each file's name and first record)")
     p.add_argument("--tokenizer", default="approx", metavar="PATH",
                    help="tokenizer.json, a tokenizer folder, 'qwen2'/'gpt2' (shared data), "
                    "'approx' (default: no file; BPE-like counts) or 'bytes'")
@@ -56,20 +57,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="chat rendering: the tokenizer's chat template if it renders every "
                    "message (auto), always builtin ChatML, or always the tokenizer's")
     p.add_argument("--block-size", type=_pos_int, default=16, metavar="N",
-                   help="tokens per page (default 16)")
+                   help="tokens per page")
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity-tokens", type=_pos_int, metavar="N",
                      help="cache capacity in tokens (default: unlimited)")
     cap.add_argument("--capacity-bytes", type=_pos_int, metavar="N",
                      help="cache capacity in bytes (needs --kv-bytes-per-token or "
                      "--model-config)")
-    p.add_argument("--kv-bytes-per-token", type=_pos_int, metavar="N")
+    p.add_argument("--kv-bytes-per-token", type=_pos_int, metavar="BYTES",
+                   help="KV cache bytes per token, for --capacity-bytes and the cost "
+                   "(default: none; from --model-config)")
     p.add_argument("--model-config", metavar="PATH",
                    help="a model's config.json (or folder): KV bytes per token from it")
     p.add_argument("--kv-dtype", default=None, help="KV dtype for --model-config "
                    "(default: the config's dtype, else bfloat16)")
     p.add_argument("--ttl", type=float, metavar="SECONDS",
-                   help="expire cached pages idle this long (needs timestamps)")
+                   help="expire cached pages idle this long, seconds (needs timestamps; "
+                   "default: never)")
     p.add_argument("--no-responses", action="store_true",
                    help="do not publish recorded responses after their prompts")
     p.add_argument("--prices", action="append", metavar="NAME|PATH[:MODEL]",
@@ -87,7 +91,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="self-hosted: measured prefill tokens per second")
     p.add_argument("--decode-tps", type=float, metavar="N",
                    help="self-hosted: measured decode tokens per second")
-    p.add_argument("--top-breakers", type=int, default=10, metavar="K")
+    p.add_argument("--top-breakers", type=int, default=10, metavar="K",
+                   help="cache breakers listed (requests)")
     p.add_argument("--no-sweeps", action="store_true",
                    help="skip the block-size and capacity sweeps")
     p.add_argument("--calls", nargs="?", type=int, const=-1, default=0, metavar="N",

@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not run; rebuild the tables, plots and RESULTS.md from OUT/runs/*.json")
     g = p.add_argument_group("how")
     g.add_argument("--concurrency", "-c", type=int, default=4,
-                   help="serving mode: requests in flight (default 4)")
+                   help="serving mode: requests in flight")
     g.add_argument("--offline-concurrency", type=int, default=1,
                    help="offline mode: requests in flight "
                         "(default 1: per-request latency without queueing)")
@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serving endpoint: completions (prompt rendered by the bench, default) "
                         "or chat")
     g.add_argument("--time-scale", type=float, default=1.0,
-                   help="replay: multiply timestamps by this (0 ignores them)")
+                   help="replay: multiply timestamps by this factor (0 ignores them)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g = p.add_argument_group("output")
     g.add_argument("--json", type=Path, metavar="PATH",
@@ -94,7 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="scratch space for server logs and GGUF files (default OUT/_scratch, "
                         "else ~/.cache/prefixcache/bench-scratch)")
     g = p.add_argument_group("sizes (defaults fit a 2-core CPU; raise them to scale up)")
-    g.add_argument("--max-tokens", type=int, default=d.max_tokens, help="output tokens per request")
+    g.add_argument("--max-tokens", type=int, default=d.max_tokens,
+                   help="output tokens per request (tokens)")
     g.add_argument("--workload-seed", type=int, default=d.seed,
                    help="seed of the workloads' shuffles (--seed is the engine's); "
                         f"default {d.seed}")
@@ -118,7 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(mini-swe-agent/deepseek, mini-swe-agent, swe-agent)")
     g.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens,
                    help="multi-turn/agent: a session stops before its first prompt "
-                        "longer than this")
+                        "longer than this (tokens)")
     g.add_argument("--burst-size", type=int, default=d.burst_size,
                    help="cold-burst: identical requests")
     g.add_argument("--tenants", type=int, default=d.tenants, help="multi-tenant: tenants")

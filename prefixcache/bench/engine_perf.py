@@ -239,7 +239,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_engine_args(p, include=("dtype",))
     p.add_argument("--threads", type=int, default=2,
                    help="torch CPU threads of every engine measured; default: 2")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="measurements per figure (runs)")
     p.add_argument("--model-cache", default=str(Path.home() / ".cache" / "prefixcache"),
                    help="where the random benchmark model is saved once")
     p.add_argument("--out", default="benchmarks", help="directory for engine.json / engine.md")

@@ -65,16 +65,16 @@ def _help(f: dataclasses.Field, default: Any, unit: str) -> str:
 
 
 def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
-                    include: Iterable[str] | None = None, model_required: bool = False,
+                    include: Iterable[str] | None = None,
                     defaults: dict[str, Any] | None = None) -> None:
     """Add one flag per :class:`EngineConfig` field to ``parser``.
 
     Args:
         parser: a parser or an argument group.
         include: field names to add (default: every field with a flag).
-        model_required: ``--model`` has no default (``serve``).
         defaults: field values replacing the dataclass defaults for this command
-            (``kv_cache_bytes`` in bytes).
+            (``kv_cache_bytes`` in bytes; ``generate``, ``demo`` and ``serve`` give
+            ``model`` the registry's ``DEFAULT_MODEL``).
 
     Raises:
         ValueError: ``include`` or ``defaults`` names an unknown field.
@@ -108,10 +108,6 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
             kw["type"] = _TYPES[str(f.type).split(" |")[0]]
         kw.setdefault("metavar", unit.upper() if unit else
                       ("N" if kw["type"] is int else f.name.split("_")[-1].upper()))
-        if f.name == "model" and model_required:
-            kw["required"] = True
-            parser.add_argument(flag, help=f.metadata["help"] + " (required)", **kw)
-            continue
         if f.default is dataclasses.MISSING:
             # default_factory fields (hash_root_seed): resolved when the config is built,
             # not when the parser is, so the flag's absence keeps the field's own default.

@@ -1,4 +1,5 @@
-"""``prefixcache generate --model M "prompt" ...``: offline generation from the shell."""
+"""``prefixcache generate [--model M] "prompt" ...``: offline generation from the shell, on
+the same default model as ``demo`` and ``serve`` (``DEFAULT_MODEL``)."""
 from __future__ import annotations
 
 import argparse
@@ -6,24 +7,29 @@ import dataclasses
 import json
 
 from prefixcache.engine.args import add_engine_args, config_from_args
+from prefixcache.model.registry import DEFAULT_MODEL
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate completions for prompts")
     p.add_argument("prompts", nargs="+", help="prompt texts (all batched together)")
-    add_engine_args(p.add_argument_group("engine"))
+    add_engine_args(p.add_argument_group("engine"), defaults={"model": DEFAULT_MODEL})
     s = p.add_argument_group("sampling")
-    s.add_argument("--max-tokens", type=int, default=32,
-                   help="output tokens per prompt (tokens); default 32")
-    s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy; default 0")
-    s.add_argument("--top-p", type=float, default=1.0, help="nucleus mass; default 1.0")
-    s.add_argument("--top-k", type=int, default=0, help="0 keeps every token; default 0")
+    s.add_argument("--max-tokens", type=int, default=32, metavar="TOKENS",
+                   help="output tokens per prompt (tokens); default: 32")
+    s.add_argument("--temperature", type=float, default=0.0,
+                   help="softmax temperature (0 is greedy); default: 0")
+    s.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus probability mass (0-1]; default: 1.0")
+    s.add_argument("--top-k", type=int, default=0, metavar="TOKENS",
+                   help="most likely tokens kept (0 keeps every token); default: 0")
     s.add_argument("--sampling-seed", type=int, default=None,
                    help="seed of each request's own generator (default: the engine's, --seed)")
     s.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     o = p.add_argument_group("requests and output")
     o.add_argument("--chat", action="store_true", help="wrap each prompt as a user message")
-    o.add_argument("--tenant", default=None, help="cache namespace of these requests")
+    o.add_argument("--tenant", default=None,
+                   help="cache namespace of these requests (default: none, the shared one)")
     o.add_argument("--cache-salt", default=None, help="further per-request cache namespace")
     o.add_argument("--json", action="store_true", help="print one JSON object per output")
     return p

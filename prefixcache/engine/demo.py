@@ -39,9 +39,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help=f"show cold vs warm TTFT on {DEFAULT_MODEL}")
     add_engine_args(p.add_argument_group("engine"), defaults={"model": DEFAULT_MODEL})
     p.add_argument("--prefix-repeat", type=int, default=1,
-                   help="copies of the system prompt in the shared prefix (length)")
-    p.add_argument("--burst", type=int, default=4, help="identical cold requests at once")
-    p.add_argument("--max-tokens", type=int, default=32, help="longest answer, tokens")
+                   help="copies of the system prompt in the shared prefix (copies)")
+    p.add_argument("--burst", type=int, default=4,
+                   help="identical cold requests at once (requests)")
+    p.add_argument("--max-tokens", type=int, default=32, help="longest answer (tokens)")
     return p
 
 

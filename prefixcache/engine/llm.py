@@ -89,14 +89,15 @@ class LLM:
              sampling_params: SamplingParams | None = None, *, tools: list | None = None,
              tenant: str | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, rendered with the
-        model's chat template. Raises ParamError (``messages``) if the model has no
-        tokenizer."""
+        model's chat template; each output's ``prompt`` is the rendered prompt text.
+        Raises ParamError (``messages``) if the model has no tokenizer."""
         if self.tokenizer is None:
             raise ParamError("messages", "this model has no tokenizer to render a chat")
         one = bool(messages) and isinstance(messages[0], dict)
         convs = cast(list[list[dict[str, Any]]], [messages] if one else messages)
-        prompts = [{"prompt_token_ids": self.tokenizer.apply_chat_template(c, tools=tools)}
-                   for c in convs]
+        texts = [self.tokenizer.render_chat(c, tools=tools) for c in convs]
+        prompts = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False),
+                    "prompt": t} for t in texts]
         return self.generate(prompts, sampling_params, tenant=tenant, cache_salt=cache_salt)
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:

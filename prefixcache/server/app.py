@@ -56,8 +56,10 @@ class ServerSettings:
     """What the app needs besides the engine.
 
     Attributes:
-        model_names: names accepted as ``model`` (the first is reported).
-        model_root: the model argument (``/v1/models`` ``root``).
+        model_names: names accepted as ``model`` and listed by ``/v1/models`` (the first
+            is reported).
+        model_root: the model argument (``/v1/models`` ``root``); accepted as ``model``
+            too, not listed.
         auth: API keys and tenants (default: single tenant, no reset).
         max_body_bytes: largest request body accepted (413 beyond).
         stats_timeout_s: how long ``/metrics`` waits for the engine thread before it
@@ -99,7 +101,9 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics(settings.auth.tenants if settings.auth.enabled else None)
     aengine = AsyncEngine(engine, on_output=metrics.observe_output, on_step=metrics.observe_step)
     drain = Drain(settings.shutdown_grace_s)
-    serving = OpenAIServing(aengine, tokenizer=engine.tokenizer, model_names=settings.model_names,
+    accepted = settings.model_names + [settings.model_root] * (
+        bool(settings.model_root) and settings.model_root not in settings.model_names)
+    serving = OpenAIServing(aengine, tokenizer=engine.tokenizer, model_names=accepted,
                             validate=engine.validate, drain=drain,
                             max_prompts_queued=getattr(getattr(engine, "config", None),
                                                        "max_waiting_requests", None))

@@ -1,16 +1,24 @@
 """``prefixcache serve``: the OpenAI-compatible HTTP server.
 
-    prefixcache serve --model builtin:tiny --host 127.0.0.1 --port 8000 \\
+    prefixcache serve [--model smollm2-135m-instruct-q4_1] --host 127.0.0.1 --port 8000 \\
         [--served-model-name NAME ...] [--api-keys keys.json] [--allow-reset] \\
         [--allowed-hosts HOST ...] [--shutdown-grace-s 30] [--header-timeout-s 10]
+
+The model defaults to the one ``demo`` runs (``DEFAULT_MODEL``). Clients name it by
+:func:`served_name` (a registered name, a directory's or ``.gguf`` file's name) unless
+``--served-model-name`` is given; the full ``--model`` string is accepted too. The port is
+bound (and released) before the model loads, so a busy port fails at once.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
+from pathlib import Path
 
 from prefixcache.engine.args import add_engine_args, config_from_args
+from prefixcache.model.registry import DEFAULT_MODEL, MODELS
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES
 from prefixcache.server.drain import DEFAULT_GRACE_S
 from prefixcache.server.http_server import DEFAULT_HEADER_TIMEOUT_S
@@ -24,40 +32,78 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Serve a model over the OpenAI API (/v1/completions, "
                     "/v1/chat/completions, /v1/models), with /health, /metrics and "
                     "/reset_prefix_cache.")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                   help="names clients use as `model` (default: the --model argument); the "
-                        "first is reported")
+                   help="names clients use as `model`; the first is reported (default: "
+                        "the registered name, else the model directory's or .gguf file's "
+                        "name); the full --model string is accepted too")
     p.add_argument("--api-keys", default=None, metavar="FILE",
                    help='JSON {"<key>": {"tenant": "<id>", "admin": false}}; keys are required '
-                        "and each key's tenant gets its own cache namespace")
+                        "and each key's tenant gets its own cache namespace (default: none, "
+                        "single tenant)")
     p.add_argument("--allow-reset", action="store_true",
                    help="without --api-keys: let anyone call POST /reset_prefix_cache")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help="largest request body (413 beyond; default 2 MiB)")
+                   metavar="BYTES", help="largest request body, bytes (413 beyond)")
     p.add_argument("--allowed-hosts", nargs="+", default=None, metavar="HOST",
                    help="Host header names answered, 421 for others (DNS rebinding); '*' "
                         "for any. Default without --api-keys: the --host address and "
                         "localhost (any host when bound to 0.0.0.0 or ::); with "
                         "--api-keys: any")
     p.add_argument("--shutdown-grace-s", type=float, default=DEFAULT_GRACE_S,
+                   metavar="SECONDS",
                    help="on SIGTERM, stop admitting and let running requests finish for "
-                        "this long; then they end with a server_shutting_down error "
-                        "(default 30)")
+                        "this long, seconds; then they end with a server_shutting_down error")
     p.add_argument("--header-timeout-s", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+                   metavar="SECONDS",
                    help="close a connection whose request headers are not complete after "
-                        "this long (default 10)")
+                        "this long, seconds")
     p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="server log threshold")
     p.add_argument("--no-access-log", action="store_true", help="no per-request log lines")
-    add_engine_args(p.add_argument_group("engine"), model_required=True)
+    add_engine_args(p.add_argument_group("engine"), defaults={"model": DEFAULT_MODEL})
     return p
 
 
+def served_name(model: str) -> str:
+    """The name clients use for ``model`` when ``--served-model-name`` is not given: a
+    registered name itself, a ``.gguf`` file's stem, a directory's name (``~/m/SmolLM2/``
+    gives ``SmolLM2``), else ``model`` unchanged (``builtin:tiny``)."""
+    if model in MODELS or model.startswith("builtin:"):
+        return model
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path.stem
+    if path.is_dir():
+        return path.resolve().name or model
+    return model
+
+
+def check_port(host: str, port: int) -> None:
+    """Bind ``host:port`` as uvicorn will (``SO_REUSEADDR``, IPv6 when ``host`` has a
+    colon) and release it at once, so a busy port is found before the model loads.
+
+    Raises:
+        OSError: the address cannot be resolved or bound; the message names host:port.
+    """
+    ipv6 = ":" in host  # uvicorn's own rule for the socket family
+    where = f"[{host}]:{port}" if ipv6 else f"{host}:{port}"
+    try:
+        family = socket.AF_INET6 if ipv6 else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise OSError(f"cannot listen on {where}: {reason}") from None
+
+
 def build_app(args: argparse.Namespace):
-    """The app for ``args`` (loads the model). Raises ValueError / KeyFileError /
-    FileNotFoundError on bad arguments."""
+    """The app for ``args``: checks the flags and that the port can be bound, then loads
+    the model. Raises ValueError / KeyFileError / OSError (FileNotFoundError, a busy
+    port) on bad arguments."""
     from prefixcache.engine.engine import LLMEngine
     from prefixcache.server.app import ServerSettings, create_app
     from prefixcache.server.auth import Authenticator
@@ -70,8 +116,9 @@ def build_app(args: argparse.Namespace):
     if not args.header_timeout_s > 0:
         raise ValueError("--header-timeout-s must be > 0")
     allowed = allowed_hosts(args, auth.enabled)
+    check_port(args.host, args.port)
     engine = LLMEngine(config_from_args(args))
-    names = args.served_model_name or [args.model]
+    names = args.served_model_name or [served_name(args.model)]
     settings = ServerSettings(model_names=names, model_root=args.model, auth=auth,
                               max_body_bytes=args.max_body_bytes, allowed_hosts=allowed,
                               shutdown_grace_s=args.shutdown_grace_s)
@@ -103,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         app = build_app(args)
-    except (ValueError, KeyFileError, FileNotFoundError) as exc:
-        print(f"prefixcache serve: {exc}", file=sys.stderr)
+    except (ValueError, KeyFileError, OSError) as exc:
+        print(f"prefixcache serve: error: {exc}", file=sys.stderr)
         return 2
     serve(app, host=args.host, port=args.port, drain=app.state.drain,
           header_timeout_s=args.header_timeout_s, log_level=args.log_level,

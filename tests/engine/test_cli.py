@@ -17,7 +17,8 @@ from prefixcache.sampling_params import ParamError
 
 
 def test_generate_json_matches_the_offline_api(capsys):
-    assert main(["generate", "--json", "--max-tokens", "6", "Hello there", "Hello there!"]) == 0
+    assert main(["generate", "--model", "builtin:tiny", "--json", "--max-tokens", "6",
+                 "Hello there", "Hello there!"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     ref = LLM("builtin:tiny").generate(["Hello there", "Hello there!"],
                                       SamplingParams(max_tokens=6, temperature=0.0))
@@ -35,7 +36,7 @@ def test_demo_shows_hits_and_one_prefill_for_the_burst(capsys):
 
 
 def test_user_errors_print_one_line_and_exit_2(capsys, tmp_path):
-    assert main(["generate", "--max-tokens", "0", "x"]) == 2
+    assert main(["generate", "--model", "builtin:tiny", "--max-tokens", "0", "x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("prefixcache generate: error: max_tokens: must be at least 1")
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -73,11 +74,13 @@ def test_every_engine_command_has_the_same_flags():
     want = ({f.name for f in cli_fields} - {"kv_cache_bytes"}) | {"kv_cache_gib"}
     for cmd, actions in flags.items():
         assert set(actions) == want, cmd
-        shape = {d: (a.option_strings, a.default, a.type, a.help) for d, a in actions.items()
-                 if d != "model"}
-        assert shape == {d: (a.option_strings, a.default, a.type, a.help)
-                         for d, a in flags["generate"].items() if d != "model"}, cmd
-    assert flags["serve"]["model"].required and not flags["generate"]["model"].required
+        shape = {d: (a.option_strings, a.default, a.type, a.help, a.required)
+                 for d, a in actions.items()}
+        assert shape == {d: (a.option_strings, a.default, a.type, a.help, a.required)
+                         for d, a in flags["generate"].items()}, cmd
+    # one default model everywhere: the demo's (the offline LLM() keeps builtin:tiny)
+    assert flags["serve"]["model"].default == DEFAULT_MODEL
+    assert not flags["serve"]["model"].required
     a = flags["generate"]
     assert a["seed"].option_strings == ["--seed"] and a["seed"].default == 0
     assert a["enable_prefix_caching"].option_strings == ["--no-prefix-caching"]
@@ -89,14 +92,13 @@ def test_every_engine_command_has_the_same_flags():
     assert _engine_flags("bench")["dtype"].type is a["dtype"].type
 
 
-@pytest.mark.parametrize("command,extra", [("generate", ["x"]), ("demo", []),
-                                           ("serve", ["--model", "builtin:tiny"])])
+@pytest.mark.parametrize("command,extra", [("generate", ["x"]), ("demo", []), ("serve", [])])
 def test_flags_build_the_same_config_in_every_command(command, extra, monkeypatch):
     monkeypatch.setenv("PREFIXCACHE_HASH_SEED", "from-env")
     c = config_from_args(parse(command, *extra))
-    # the demo shows the real default model; generate and the API default to builtin:tiny
-    model = DEFAULT_MODEL if command == "demo" else "builtin:tiny"
-    assert c == EngineConfig(model=model, hash_root_seed="from-env")
+    # every command defaults to the demo's real model; EngineConfig keeps builtin:tiny
+    assert c == EngineConfig(model=DEFAULT_MODEL, hash_root_seed="from-env")
+    assert EngineConfig().model == "builtin:tiny"
     c = config_from_args(parse(
         command, *extra, "--seed", "7", "--dtype", "bf16", "--kv-cache-gib", "0.5",
         "--no-prefix-caching", "--deterministic", "--max-model-len", "300",
@@ -116,7 +118,8 @@ def test_bad_dtype_flag_is_an_argparse_error(capsys):
 
 
 def test_sampling_seed_is_the_requests_seed_and_seed_the_engines(capsys):
-    sampled = ["generate", "--json", "--max-tokens", "8", "--temperature", "1.0", "Hi"]
+    sampled = ["generate", "--model", "builtin:tiny", "--json", "--max-tokens", "8",
+               "--temperature", "1.0", "Hi"]
     assert main([*sampled, "--sampling-seed", "3"]) == 0
     assert main([*sampled, "--sampling-seed", "3", "--seed", "99"]) == 0
     a, b = (json.loads(x)["token_ids"] for x in capsys.readouterr().out.splitlines())
@@ -155,3 +158,17 @@ def test_add_engine_args_names_unknown_fields():
     p = argparse.ArgumentParser()
     add_engine_args(p, include=("block_size",), defaults={"block_size": 32})
     assert vars(p.parse_args([])) == {"block_size": 32}
+
+
+def test_chat_outputs_carry_the_rendered_prompt(capsys):
+    llm = LLM("builtin:tiny")
+    out = llm.chat([{"role": "user", "content": "Hi"}],
+                   SamplingParams(max_tokens=2, temperature=0.0))[0]
+    assert out.prompt == "<bos><|user|>Hi<|end|><|assistant|>"
+    # the same ids as before: the text is rendered once and encoded without extra specials
+    assert out.prompt_token_ids == [256, 259, 72, 105, 262, 260]
+    assert main(["generate", "--model", "builtin:tiny", "--chat", "--json", "--max-tokens",
+                 "2", "Hi"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["prompt"] == "<bos><|user|>Hi<|end|><|assistant|>"
+    assert line["prompt_tokens"] == 6 and line["token_ids"] == out.outputs[0].token_ids
