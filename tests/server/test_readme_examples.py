@@ -17,16 +17,20 @@ The ``curl`` block needs ``curl`` and ``jq`` (skipped without them, failed under
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from prefixcache.model import registry
+from prefixcache import paths
+from prefixcache.bench import bench_model, engine_perf
+from prefixcache.model import gguf_cache, registry
 from prefixcache.model.builtin import CHAT_TEMPLATE, tiny_tokenizer
 from prefixcache.text.chat_template import render_chat_template
 from tests.server.live import BLOCK, REPO, LiveServer
@@ -180,3 +184,33 @@ def test_readme_examples_print_the_readme_figures_on_the_default_model(tmp_path)
             assert got[1][1] % BLOCK == 0
     finally:
         srv.stop()
+
+
+def test_readme_commands_write_under_the_ignored_scratch_folder():
+    text = (REPO / "README.md").read_text()
+    code = "\n".join(re.findall(r"^```bash\n(.*?)^```$", text, re.MULTILINE | re.DOTALL))
+    outputs = re.findall(r"--(?:json|plots) (\S+)", code)
+    assert len(outputs) == 3, outputs   # bench --json, analyze --json and --plots
+    scratch = paths.scratch_dir().relative_to(REPO).as_posix()
+    assert scratch == "benchmarks/_scratch"
+    for out in outputs:
+        assert out.startswith(scratch + "/"), out
+        ignored = subprocess.run(["git", "check-ignore", "-q", out], cwd=REPO)
+        assert ignored.returncode == 0, f"{out} is not ignored by git"
+
+
+def test_readme_names_the_cache_folders_the_code_uses(monkeypatch):
+    for var in ("PREFIXCACHE_CACHE_DIR", "XDG_CACHE_HOME", "PREFIXCACHE_BENCH_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    text = (REPO / "README.md").read_text()
+    home = Path.home()
+    sub = argparse.ArgumentParser().add_subparsers()
+    model_cache = engine_perf.add_parser(sub).parse_args([]).model_cache
+    found = {"gguf": gguf_cache.cache_root(), "bench-model": bench_model.default_model_dir(),
+             engine_perf.DEFAULT_MODEL: Path(model_cache) / engine_perf.DEFAULT_MODEL}
+    for name, path in found.items():
+        assert path == home / ".cache" / "prefixcache" / name
+        assert f"`~/.cache/prefixcache/{name}/`" in text, name
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", "/x")
+    assert gguf_cache.cache_root() == Path("/x/gguf")
+    assert "`$PREFIXCACHE_CACHE_DIR/gguf`" in text
