@@ -18,7 +18,7 @@ $(BIN)/prefixcache: pyproject.toml constraints.txt
 	touch $(BIN)/prefixcache
 
 demo: $(BIN)/prefixcache
-	$(BIN)/prefixcache demo
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/prefixcache demo
 
 test: $(BIN)/prefixcache lint
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest tests

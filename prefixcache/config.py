@@ -164,9 +164,15 @@ class EngineConfig:
         need(isinstance(self.hash_root_seed, str) and bool(self.hash_root_seed),
              "hash_root_seed", "must be a non-empty string")
         try:
-            torch.device(self.device)
+            dev = torch.device(self.device)
         except RuntimeError as exc:
             raise ValueError(f"device: {exc}") from None
+        need(dev.type in ("cpu", "cuda"), "device",
+             f"must be cpu, cuda or cuda:N, got {self.device!r}")
+        need(dev.type != "cuda" or torch.cuda.is_available(), "device",
+             f"{self.device!r} asked for, but this torch build or machine has no CUDA")
+        need(-(1 << 63) <= self.seed < (1 << 64), "seed",
+             f"must fit in 64 bits, got {self.seed}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -40,6 +40,7 @@ from typing import Any
 
 from prefixcache.cache import KVCacheManager
 from prefixcache.cache.driver import ReplayDriver
+from prefixcache.engine.args import positive_int
 from prefixcache.paths import data_root
 
 MOONCAKE_BLOCK = 512
@@ -62,14 +63,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pool-tokens", default=None,
                    help="comma-separated pool sizes in tokens (rounded down to pages); "
                         "replaces --pool-pages")
-    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
-    p.add_argument("--concurrency", type=int, default=1,
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="replay only the first N requests")
+    p.add_argument("--concurrency", type=positive_int, default=1,
                    help="requests kept running at once during the replay (default: 1)")
-    p.add_argument("--prompt-tokens", type=int, default=32768,
+    p.add_argument("--prompt-tokens", type=positive_int, default=32768,
                    help="hash-speed prompt length (default: %(default)s)")
-    p.add_argument("--block-size", type=int, default=16,
+    p.add_argument("--block-size", type=positive_int, default=16,
                    help="hash-speed page size (default: %(default)s)")
-    p.add_argument("--runs", type=int, default=9, help="hash-speed runs per figure")
+    p.add_argument("--runs", type=positive_int, default=9, help="hash-speed runs per figure")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON here")
     p.add_argument("--markdown", type=Path, default=None,
                    help="also write the tables as Markdown here")

@@ -97,7 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens", type=int, default=d.max_tokens,
                    help="output tokens per request (tokens)")
     g.add_argument("--workload-seed", type=int, default=d.seed,
-                   help="seed of the workloads' shuffles (--seed is the engine's); "
+                   help="seed of the workloads' shuffles (bench has no --seed: peers decode "
+                        "greedily); "
                         f"default {d.seed}")
     g.add_argument("--num-prefixes", type=int, default=d.num_prefixes,
                    help="shared-prefix: system prompts")

@@ -250,7 +250,11 @@ def run(args: argparse.Namespace) -> int:
     if args.model == DEFAULT_MODEL:
         model_dir, model_name = bench_model_dir(Path(args.model_cache)), DEFAULT_MODEL_NAME
     else:
-        model_dir, model_name = Path(args.model), args.model
+        from prefixcache.model.registry import model_dir as resolve_dir
+
+        # a registered name or a .gguf file: its converted float32 copy, which
+        # transformers reads too
+        model_dir, model_name = resolve_dir(args.model), args.model
         if not (model_dir / "config.json").is_file():
             raise FileNotFoundError(f"--model: no config.json in {model_dir}")
     torch.set_num_threads(args.threads)

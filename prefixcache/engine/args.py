@@ -32,6 +32,17 @@ def _dtype_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def engine_fields(include: Iterable[str] | None = None) -> list[dataclasses.Field]:
     """The :class:`EngineConfig` fields that have a flag (all but test-only ones), in
     declaration order; ``include`` keeps only those names (ValueError for an unknown one)."""

@@ -16,7 +16,7 @@ import dataclasses
 import statistics
 from importlib import resources
 
-from prefixcache.engine.args import add_engine_args, config_from_args
+from prefixcache.engine.args import add_engine_args, config_from_args, positive_int
 from prefixcache.model.registry import DEFAULT_MODEL
 
 QUESTIONS = ["When is the library open on Saturday?", "What does a lost card cost?",
@@ -38,11 +38,11 @@ def one_line(text: str) -> str:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help=f"show cold vs warm TTFT on {DEFAULT_MODEL}")
     add_engine_args(p.add_argument_group("engine"), defaults={"model": DEFAULT_MODEL})
-    p.add_argument("--prefix-repeat", type=int, default=1,
+    p.add_argument("--prefix-repeat", type=positive_int, default=1,
                    help="copies of the system prompt in the shared prefix (copies)")
-    p.add_argument("--burst", type=int, default=4,
+    p.add_argument("--burst", type=positive_int, default=4,
                    help="identical cold requests at once (requests)")
-    p.add_argument("--max-tokens", type=int, default=32, help="longest answer (tokens)")
+    p.add_argument("--max-tokens", type=positive_int, default=32, help="longest answer (tokens)")
     return p
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -65,8 +66,11 @@ def file_sha256(path: Path, root: Path | None = None) -> str:
         index = json.loads(index_file.read_text())
     except (OSError, ValueError):
         index = {}
+    if not isinstance(index, dict):
+        index = {}  # not ours or damaged: rebuilt below
     known = index.get(str(path))
-    if known and known.get("size") == st.st_size and known.get("mtime_ns") == st.st_mtime_ns:
+    if (isinstance(known, dict) and known.get("size") == st.st_size
+            and known.get("mtime_ns") == st.st_mtime_ns and "sha256" in known):
         return str(known["sha256"])
     sha = _sha256(path)
     index[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
@@ -121,6 +125,9 @@ def convert(gguf_path: Path, out: Path) -> None:
     reader = gguf.open_reader(gguf_path)
     gguf.check_supported(reader)
     config = gguf.hf_config(reader)
+    if not sys.stderr.isatty():  # the bar is off: say why the first load takes a while
+        print(f"converting {gguf_path.name} to float32 into {out.parent} (first load only)",
+              file=sys.stderr, flush=True)
     tensors = {}
     bar = tqdm(gguf.hf_tensors(reader, config), total=len(reader.tensors), unit="tensor",
                desc=f"dequantizing {gguf_path.name}", disable=None, leave=False)

@@ -90,6 +90,8 @@ def check_port(host: str, port: int) -> None:
     """
     ipv6 = ":" in host  # uvicorn's own rule for the socket family
     where = f"[{host}]:{port}" if ipv6 else f"{host}:{port}"
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be 0-65535, got {port}")
     try:
         family = socket.AF_INET6 if ipv6 else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as sock:
