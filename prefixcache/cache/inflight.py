@@ -21,7 +21,6 @@ class InflightRegistry:
     def __init__(self) -> None:
         self._owner: dict[bytes, str] = {}
         self._owned: dict[str, set[bytes]] = {}
-        self.generation = 0  # bumped by every change (memo key of the scheduler's probes)
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -42,7 +41,6 @@ class InflightRegistry:
             return cur == owner
         self._owner[page_hash] = owner
         self._owned.setdefault(owner, set()).add(page_hash)
-        self.generation += 1
         return True
 
     def release(self, page_hash: bytes) -> bool:
@@ -55,7 +53,6 @@ class InflightRegistry:
         owned.discard(page_hash)
         if not owned:
             del self._owned[owner]
-        self.generation += 1
         return True
 
     def withdraw(self, owner: str) -> int:
@@ -64,6 +61,4 @@ class InflightRegistry:
         hashes = self._owned.pop(owner, ())
         for h in hashes:
             del self._owner[h]
-        if hashes:
-            self.generation += 1
         return len(hashes)

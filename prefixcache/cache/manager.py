@@ -126,12 +126,6 @@ class KVCacheManager:
         :mod:`.hits`). Empty unless the table ends on a page boundary."""
         return list(self._hits.match(pt))
 
-    @property
-    def generation(self) -> int:
-        """Grows whenever the index or the in-flight set changes: a hit, an owner or a
-        follower's wait computed at one generation holds until it changes."""
-        return self.index.generation + self.inflight.generation
-
     def probe(self, pt: PageTable) -> Probe:
         """:class:`~.hits.Probe`: the hit pages, how many are cached-free, and the
         other request computing the page after the hit. Memoised per table, so the

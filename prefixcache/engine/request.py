@@ -55,7 +55,6 @@ class Request:
     detokenizer: Any = None
     metrics: RequestMetrics = None  # type: ignore[assignment]
     admit_seq: int = 0           # order of (re-)admission, for preemption victims
-    probe: Any = None            # the scheduler's memoised cache probe (scheduler.Probe)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -17,11 +17,10 @@ Each :meth:`Scheduler.schedule` call plans one model step under a token budget
    that is cached or in flight. A cold request is passed only by requests that arrived
    within that window after it, so no request waits without bound (aging).
 
-Each request's view of the cache (its hit pages and who computes the page after them) is
-a :class:`Probe`, computed at most once per request and per change of the cache: it is
-memoised on the request, keyed by the page table's state and the cache manager's
-``generation`` (bumped whenever the index or the in-flight set may change). A step in
-which the cache did not change re-matches no waiting request.
+Each request's view of the cache (its hit pages, how many of them are cached-free, and
+who computes the page after them) is :meth:`KVCacheManager.probe`, whose match is
+memoised on the page table until the table or the index changes: a step in which the
+index did not change re-matches no waiting request.
 
 Why followers cannot deadlock: a request registers pages as in flight only in a step
 that computes them, and a request holding a partial page of its own never waits. So an
@@ -36,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prefixcache.cache.manager import KVCacheManager
-from prefixcache.cache.page_table import PageTable
 from prefixcache.config import EngineConfig
 from prefixcache.engine.request import Request, RequestStatus
 
@@ -55,23 +53,6 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-
-
-@dataclass
-class Probe:
-    """A page table's view of the cache, valid while ``key`` matches.
-
-    Attributes:
-        table: the page table it was computed for.
-        key: ``(cache generation, pages held, computed tokens)`` at that time.
-        hit_pages: published pages that continue the table (``take_hits`` would take them).
-        next_owner: the request computing the page right after them, if another one is.
-    """
-
-    table: PageTable
-    key: tuple[int, int, int]
-    hit_pages: list[int]
-    next_owner: str | None
 
 
 class Scheduler:
@@ -149,43 +130,25 @@ class Scheduler:
     def _tokens_to_schedule(self, req: Request, budget: int) -> int:
         """Tokens ``req`` computes this step: 0 while it follows a running leader or
         when the budget is spent (a follower still takes newly published pages)."""
-        pt = req.table
         remaining = req.num_tokens_to_compute
         if remaining > 1:
             self._take_cached(req)
             if self._leader_running(req):
-                self.cache.wait(pt)
                 return 0
             remaining = req.num_tokens_to_compute
         return min(remaining, budget)
 
-    def _probe(self, req: Request) -> Probe:
-        """The request's memoised :class:`Probe` (recomputed only when its table or the
-        cache changed since)."""
-        pt = req.table
-        key = (self.cache.generation, len(pt.pages), pt.num_computed_tokens)
-        probe = req.probe
-        if probe is None or probe.table is not pt or probe.key != key:
-            hits = self.cache.match_pages(pt)
-            probe = Probe(pt, key, hits, self.cache.next_page_owner(pt, len(hits)))
-            req.probe = probe
-        return probe
-
     def _take_cached(self, req: Request) -> None:
-        """Take the probe's hit pages (the first call also marks the admission)."""
+        """Take the pages published since the request last looked (the first call also
+        marks the admission)."""
         pt = req.table
-        probe = self._probe(req)
-        if not probe.hit_pages and pt.admitted:
+        if not self.cache.probe(pt).hit_pages and pt.admitted:
             return
         self.cache.take_hits(pt)
-        # The run of hits ended at the page ``next_owner`` computes: after taking them,
-        # nothing more matches and the next page's owner is the same.
-        req.probe = Probe(pt, (self.cache.generation, len(pt.pages), pt.num_computed_tokens),
-                          [], probe.next_owner)
 
     def _leader_running(self, req: Request) -> bool:
         """Whether the page after the request's hits is computed by a running request."""
-        return self._probe(req).next_owner in self.running
+        return self.cache.probe(req.table).next_owner in self.running
 
     def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
         """Allocate pages for ``n`` tokens, preempting the most recently admitted
@@ -210,13 +173,16 @@ class Scheduler:
             if len(self.running) >= self.config.max_num_seqs:
                 return
             pt = req.table
-            probe = self._probe(req)
+            probe = self.cache.probe(pt)
             follows = probe.next_owner in self.running
             if budget <= 0 and not follows:
                 continue
             hit = len(probe.hit_pages) * self.cache.block_size
             n = min(len(req.all_token_ids) - hit, budget)
-            if not follows and not self.cache.can_allocate(self._pages_to_admit(probe, hit, n)):
+            pages = -(-(hit + n) // self.cache.block_size) - len(probe.hit_pages)
+            # new pages, plus the hit pages that are cached-free now (a hit takes them off
+            # the LRU)
+            if not follows and not self.cache.can_allocate(pages + probe.num_cached_free):
                 return  # keep FCFS order under memory pressure: nobody jumps the queue
             self._take_cached(req)
             self.waiting.remove(req)
@@ -226,8 +192,7 @@ class Scheduler:
             req.admit_seq = self._admit_counter
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = self.clock()
-            if follows and self._leader_running(req):
-                self.cache.wait(pt)
+            if follows:  # the page after its hits is computed by a running request
                 continue
             n = min(req.num_tokens_to_compute, budget)
             if n <= 0 or not self.cache.allocate(pt, n):
@@ -240,15 +205,6 @@ class Scheduler:
                 return
             out.scheduled.append(self._planned(req, n))
             budget -= n
-
-    def _pages_to_admit(self, probe: Probe, hit: int, n: int) -> int:
-        """Pool pages admitting a request with ``hit`` cached tokens for ``n`` new tokens
-        would consume: new pages plus its hit pages that are cached-free now (a hit takes
-        them off the LRU)."""
-        bs = self.cache.block_size
-        new_pages = -(-(hit + n) // bs) - hit // bs
-        ref_count = self.cache.pool.ref_count
-        return new_pages + sum(1 for p in probe.hit_pages if ref_count[p] == 0)
 
     def _waiting_order(self) -> list[Request]:
         """FCFS, or cache-aware with aging when ``cache_aware_window_s > 0``."""
@@ -267,7 +223,7 @@ class Scheduler:
         follow, if its next page is in flight), in [0, 1]."""
         pt = req.table
         n = len(req.all_token_ids)
-        probe = self._probe(req)
+        probe = self.cache.probe(pt)
         hit = len(probe.hit_pages) * self.cache.block_size
         if hit + pt.num_computed_tokens < n - 1 and probe.next_owner is not None:
             return 1.0

@@ -159,10 +159,10 @@ def test_waiting_requests_are_not_rematched_while_the_cache_is_unchanged():
     calls = count_matches(eng)
     per_step, changed = [], 0
     for _ in range(100):
-        before, gen = calls[0], eng.cache.generation
+        before, gen = calls[0], eng.cache.index.generation
         eng.step()
         per_step.append(calls[0] - before)
-        changed += eng.cache.generation != gen
+        changed += eng.cache.index.generation != gen
     assert len(eng.scheduler.waiting) == waiting
     busy = [m for m in per_step if m]
     # Only when the cache changed is each waiting request matched again, once. It
