@@ -43,14 +43,15 @@ class SamplingParams:
         stop_token_ids: token ids that end generation (besides EOS). Deduplicated (first
             occurrence kept); at most :data:`MAX_STOP_TOKEN_IDS` distinct ids.
 
-    Raises:
-        ParamError: a field is invalid; ``param`` names it.
         ignore_eos: keep generating after the EOS token.
         logprobs: return the log-probability of each generated token and of its top
             ``logprobs`` alternatives (vLLM format), ``None`` for none.
         prompt_logprobs: return prompt-token logprobs; such requests do not read cached
             pages (cached positions have no logits) but still publish theirs.
         skip_special_tokens: drop special tokens from the detokenized text.
+
+    Raises:
+        ParamError: a field is invalid; ``param`` names it.
     """
 
     n: int = 1

@@ -143,8 +143,7 @@ class ModelRunner:
         logits_rows: list[int] = []
         layout = BatchLayout()
         for s in scheduled:
-            req, n, pt = s.request, s.num_tokens, s.request.page_table
-            assert pt is not None  # scheduled requests hold a page table
+            req, n, pt = s.request, s.num_tokens, s.request.table
             pages, start = pt.pages, pt.num_computed_tokens
             end = start + n
             q_start = len(ids)

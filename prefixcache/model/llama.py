@@ -143,7 +143,7 @@ class PagedLlama(nn.Module):
         """The default-mode step, :func:`forward_default`."""
         return forward_default(self, batch, kv)
 
-    def check_positions(self, batch: ForwardBatch) -> int:
+    def max_context_len(self, batch: ForwardBatch) -> int:
         """The step's longest context in tokens (0 for an empty batch). Positions are not
         limited here: the engine admits requests up to its ``max_model_len``
         (``ModelConfig.check_max_model_len``), which may pass the trained length only
@@ -161,10 +161,8 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
     float32 logits ``[len(batch.logits_indices), vocab]`` for the rows
     ``batch.logits_indices``.
 
-    Raises:
-        ValueError: a position beyond ``max_position_embeddings``.
     """
-    max_ctx = model.check_positions(batch)
+    max_ctx = model.max_context_len(batch)
     cfg = model.config
     if not batch.seqs:
         return torch.empty(0, cfg.vocab_size, device=model.device)
