@@ -136,6 +136,7 @@ def describe_model(name: str, model_dir: Path | None) -> str:
     if model_dir is None or not (model_dir / "config.json").is_file():
         return ""
     from prefixcache.model.config import ModelConfig
+    from prefixcache.model.registry import is_converted
 
     c = ModelConfig.from_dir(model_dir)
     desc = (f"{c.architecture}, {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
@@ -143,7 +144,7 @@ def describe_model(name: str, model_dir: Path | None) -> str:
             f"{c.intermediate_size} MLP, vocab {c.vocab_size}, context {c.context_length}")
     if name == DEFAULT_MODEL:
         desc += "; random weights (the benchmark model)"
-    elif model_dir.parent.name == "gguf":
+    elif is_converted(model_dir):
         desc += "; GGUF weights dequantized to float32 (the copy every peer reads)"
     return desc
 

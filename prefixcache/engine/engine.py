@@ -73,7 +73,7 @@ class LLMEngine:
             else f"the maximum context length (max_model_len) is {self.max_model_len} tokens")
         self.cache = KVCacheManager(num_pages, bs,
                                     enable_prefix_caching=config.enable_prefix_caching,
-                                    model_id=self.loaded.model_id,
+                                    model_id=self.loaded.cache_id,
                                     root_seed=config.hash_root_seed,
                                     shuffle_seed=config.shuffle_seed)
         self.scheduler = Scheduler(config, self.cache, clock)

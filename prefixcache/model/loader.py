@@ -33,9 +33,13 @@ class LoadedModel:
         model: the network. config: its hyper-parameters.
         tokenizer: or ``None`` when the directory has no tokenizer files.
         model_id: the name the model was loaded by (``"builtin:tiny"`` or the path as
-            given); part of the prefix-cache hash chain root.
+            given), for display and logs.
         chat_template: Jinja source of the chat template, or ``None``.
         path: the model directory (``None`` for builtin models).
+        cache_id: the model's part of the prefix-cache hash chain root. For a GGUF file
+            it is the conversion cache entry's name (the file's sha256 and our format
+            version), so the same weights get the same pages by any name or path and
+            other weights under the same name never do; otherwise ``model_id``.
     """
 
     model: PagedLlama
@@ -44,10 +48,10 @@ class LoadedModel:
     model_id: str
     chat_template: str | None
     path: Path | None = None
+    cache_id: str = ""
 
-    @property
-    def has_chat_template(self) -> bool:
-        return bool(self.chat_template)
+    def __post_init__(self) -> None:
+        self.cache_id = self.cache_id or self.model_id
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -124,5 +128,6 @@ def load_model(model: str, device: torch.device | str = "cpu",
     load_weights(net, files)
     net.eval()
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
+    cache_id = f"gguf:{path.name}" if registry.is_converted(path) else ""
     return LoadedModel(net, config, tokenizer, model.rstrip("/") or model,
-                       tokenizer.chat_template if tokenizer else None, path)
+                       tokenizer.chat_template if tokenizer else None, path, cache_id)

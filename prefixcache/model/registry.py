@@ -75,3 +75,10 @@ def model_dir(model: str) -> Path:
     path = resolve(model)
     gguf_file = gguf_cache.find_gguf(path)
     return gguf_cache.converted_dir(gguf_file) if gguf_file is not None else path
+
+
+def is_converted(path: Path) -> bool:
+    """Whether ``path`` is an entry of the GGUF conversion cache (named by the source
+    file's sha256 and the format version)."""
+    return path.resolve().parent == gguf_cache.cache_root().resolve() and path.name.endswith(
+        f"-v{gguf_cache.FORMAT_VERSION}")

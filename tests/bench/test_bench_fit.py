@@ -123,8 +123,11 @@ def test_the_limit_is_the_models_own(tmp_path):
     assert fit.model_max_len(str(tmp_path), tmp_path) == 8192
 
 
-def test_the_report_describes_the_model_from_its_config(tmp_path):
+def test_the_report_describes_the_model_from_its_config(tmp_path, monkeypatch):
     from prefixcache.bench.runner import describe_model
+    from prefixcache.model.gguf_cache import FORMAT_VERSION
+
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path))
 
     cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -134,7 +137,7 @@ def test_the_report_describes_the_model_from_its_config(tmp_path):
     assert describe_model(str(tmp_path), tmp_path) == (
         "LlamaForCausalLM, 3 layers, hidden 64, 4/2 heads, 128 MLP, vocab 100, context 4096")
     assert describe_model("builtin:tiny", None) == ""
-    gguf_entry = tmp_path / "gguf" / "abc-v1"
+    gguf_entry = tmp_path / "gguf" / f"abc-v{FORMAT_VERSION}"  # an entry of the GGUF cache
     gguf_entry.mkdir(parents=True)
     (gguf_entry / "config.json").write_text(json.dumps(cfg))
     assert describe_model("x.gguf", gguf_entry).endswith(

@@ -21,6 +21,7 @@ import transformers
 
 from helpers.hf_models import hf_logits, make_hf_model
 from helpers.paged import PagedRunner, Seq
+from prefixcache import LLM
 from prefixcache.model import gguf as ours_gguf
 from prefixcache.model import gguf_cache, load_model, registry
 
@@ -302,3 +303,19 @@ def test_loads_in_the_engines_dtype_from_the_same_cache_entry(tmp_path, cache_di
     ids = prompt()
     a, b = our_logits(fp32, ids), our_logits(bf16, ids)
     assert b.dtype == torch.float32 and (a - b).abs().max() < 0.1 * a.abs().max()
+
+
+def test_the_cache_key_is_the_files_weights_not_its_name(tmp_path, cache_dir):
+    a_dir = tmp_path / "a"
+    a_dir.mkdir()
+    a = write_gguf(make_hf_model("llama"), a_dir / "m.gguf", "F32")
+    by_dir, by_file = load_model(str(a_dir)), load_model(str(a))
+    sha = gguf_cache._sha256(a)
+    assert by_dir.cache_id == by_file.cache_id == f"gguf:{sha}-v{gguf_cache.FORMAT_VERSION}"
+    assert (by_dir.model_id, by_file.model_id) == (str(a_dir), str(a))  # names for display
+    engines = [LLM(str(p), num_pages=8).engine for p in (a_dir, a)]
+    assert engines[0].cache.hasher.root_key() == engines[1].cache.hasher.root_key()
+    # other weights under the same path: another key
+    b = write_gguf(make_hf_model("llama", seed=1), a_dir / "m.gguf", "F32")
+    other = load_model(str(b))
+    assert other.cache_id != by_file.cache_id and other.model_id == by_file.model_id
