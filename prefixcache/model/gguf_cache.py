@@ -137,7 +137,8 @@ def convert(gguf_path: Path, out: Path) -> None:
     del tensors
     (out / "config.json").write_text(json.dumps(config, indent=2))
     gguf.write_tokenizer(reader, gguf_path, out)
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+    files = {p.name: {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns,
+                      "sha256": _sha256(p)}
              for p in sorted(out.iterdir()) if p.is_file()}
     manifest = {"format_version": FORMAT_VERSION, "source": gguf_path.name, "files": files}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -145,7 +146,10 @@ def convert(gguf_path: Path, out: Path) -> None:
 
 def verify(entry: Path) -> str | None:
     """``None`` if every file of ``entry``'s manifest is there with its size and sha256;
-    else what is wrong."""
+    else what is wrong. A file whose size and modification time are those recorded at
+    conversion is not hashed again (as for the source file's sha, :func:`file_sha256`):
+    a load does not re-read the weights twice; a rewritten or truncated file is
+    re-hashed or caught by its size."""
     try:
         manifest = json.loads((entry / MANIFEST).read_text())
         files = manifest["files"]
@@ -157,9 +161,10 @@ def verify(entry: Path) -> str | None:
         p = entry / name
         if not p.is_file():
             return f"{name} missing"
-        if p.stat().st_size != want["size"]:
-            return f"{name} has {p.stat().st_size} bytes, expected {want['size']}"
-        if _sha256(p) != want["sha256"]:
+        st = p.stat()
+        if st.st_size != want["size"]:
+            return f"{name} has {st.st_size} bytes, expected {want['size']}"
+        if want.get("mtime_ns") != st.st_mtime_ns and _sha256(p) != want["sha256"]:
             return f"{name} checksum mismatch"
     return None
 

@@ -319,3 +319,14 @@ def test_the_cache_key_is_the_files_weights_not_its_name(tmp_path, cache_dir):
     b = write_gguf(make_hf_model("llama", seed=1), a_dir / "m.gguf", "F32")
     other = load_model(str(b))
     assert other.cache_id != by_file.cache_id and other.model_id == by_file.model_id
+
+
+def test_a_second_load_does_not_hash_the_converted_weights_again(tmp_path, cache_dir,
+                                                                 monkeypatch):
+    file = write_gguf(make_hf_model("llama"), tmp_path / "m.gguf", "F32")
+    load_model(str(file))  # converts, hashes the source once and each written file once
+    hashed: list[str] = []
+    real = gguf_cache._sha256
+    monkeypatch.setattr(gguf_cache, "_sha256", lambda p: hashed.append(p.name) or real(p))
+    load_model(str(file))
+    assert hashed == []  # the source's sha and the entry's files are known by size + mtime
