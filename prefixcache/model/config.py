@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-# config.json ``model_type`` -> architecture, when ``architectures`` is empty or missing
+# config.json ``model_type`` -> architecture (also used when ``architectures`` is empty
+# or missing, and by the GGUF reader)
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM"}
+SUPPORTED_ARCHITECTURES = tuple(MODEL_TYPES.values())
 # tokenizer_config.json values at or above this mean "no limit" (transformers writes 1e30)
 _UNBOUNDED_MODEL_MAX_LENGTH = 1 << 40
 

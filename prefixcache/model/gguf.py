@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-# GGUF architecture -> (HF class, HF model_type). Mistral is "llama" plus its name.
-ARCHITECTURES = {"llama": ("LlamaForCausalLM", "llama"),
-                 "mistral": ("MistralForCausalLM", "mistral"),
-                 "qwen2": ("Qwen2ForCausalLM", "qwen2")}
+from prefixcache.model.config import MODEL_TYPES
+
+# Our architectures are config.py's model types (Mistral is a "llama" file plus its
+# name); GGUF writes these two.
+GGUF_ARCHITECTURES = ("llama", "qwen2")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
@@ -31,8 +32,6 @@ _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
-# GGUF tensors that carry nothing our model uses (precomputed RoPE tables).
-_SKIPPED = ("rope_freqs.weight",)
 
 
 def open_reader(path: str | Path):
@@ -60,13 +59,14 @@ def field(reader, key: str, default: Any = None) -> Any:
 
 
 def architecture(reader) -> str:
-    """Our key into :data:`ARCHITECTURES` (``"llama"``, ``"mistral"``, ``"qwen2"``).
+    """Our model type, a key of :data:`prefixcache.model.config.MODEL_TYPES`
+    (``"llama"``, ``"mistral"``, ``"qwen2"``).
 
     Raises:
         ValueError: ``general.architecture`` is missing or not supported (named).
     """
     arch = field(reader, "general.architecture")
-    if arch not in ("llama", "qwen2"):
+    if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
                          "llama, mistral (as llama), qwen2")
     if arch == "llama" and "mistral" in str(field(reader, "general.name", "")).lower():
@@ -118,7 +118,7 @@ def hf_config(reader) -> dict[str, Any]:
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embd is None:
         raise ValueError("GGUF file lacks tensor 'token_embd.weight'")
-    cls, model_type = ARCHITECTURES[ours]
+    cls, model_type = MODEL_TYPES[ours], ours
     cfg: dict[str, Any] = {
         "architectures": [cls], "model_type": model_type, "hidden_act": "silu",
         "hidden_size": hidden,
@@ -160,16 +160,14 @@ def _eos_ids(reader) -> list[int]:
     return sorted(set(ids))
 
 
-def hf_name(name: str) -> str | None:
-    """The HF name of GGUF tensor ``name``; ``None`` for tensors we skip.
+def hf_name(name: str) -> str:
+    """The HF name of GGUF tensor ``name``.
 
     Raises:
         ValueError: a tensor name we do not know (named).
     """
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
-    if name in _SKIPPED:
-        return None
     parts = name.split(".")  # blk.N.attn_q.weight
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
@@ -204,8 +202,6 @@ def hf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     for t in reader.tensors:
         name = hf_name(t.name)
-        if name is None:
-            continue
         w = dequantize(t)
         kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if permuted and kind in heads:

@@ -330,3 +330,18 @@ def test_a_second_load_does_not_hash_the_converted_weights_again(tmp_path, cache
     monkeypatch.setattr(gguf_cache, "_sha256", lambda p: hashed.append(p.name) or real(p))
     load_model(str(file))
     assert hashed == []  # the source's sha and the entry's files are known by size + mtime
+
+
+def test_llama_3_1_rope_frequency_tables_are_refused_by_name(tmp_path, cache_dir):
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.add_tensor("rope_freqs.weight", np.ones(2, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="'rope_freqs.weight' .*Llama 3.1.* is not supported"):
+        load_model(str(path))
+    assert not [p for p in cache_dir.iterdir() if p.is_dir()]
