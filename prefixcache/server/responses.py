@@ -206,7 +206,7 @@ def _usage(outputs: Any) -> dict[str, Any]:
     prompt = completion = cached = 0
     for out in outputs:
         prompt += len(out.prompt_token_ids)
-        completion += len(out.outputs[0].token_ids) if out.outputs else 0
+        completion += out.outputs[0].num_tokens if out.outputs else 0
         cached += out.num_cached_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,

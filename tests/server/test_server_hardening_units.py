@@ -2,7 +2,6 @@
 duplicates, off-loop body parsing, Host/Origin parsing, the drain."""
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 import json
@@ -128,13 +127,10 @@ def test_a_key_listed_twice_is_refused_by_position(tmp_path):
 
 
 def test_serve_refuses_a_duplicate_key_at_start(tmp_path, capsys):
-    from prefixcache.server.cli import add_parser, run
+    from prefixcache.cli import main
 
     keys = _key_file(tmp_path, '{"sk-dup": {"tenant": "a"}, "sk-dup": {"tenant": "b"}}')
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
-    args = parser.parse_args(["serve", "--model", "builtin:tiny", "--api-keys", str(keys)])
-    assert run(args) == 2
+    assert main(["serve", "--model", "builtin:tiny", "--api-keys", str(keys)]) == 2
     err = capsys.readouterr().err
     assert "key #2 repeats key #1 to another tenant" in err and "sk-dup" not in err
 
