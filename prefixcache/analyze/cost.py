@@ -169,16 +169,16 @@ def replay_for_prices(replays: ReplayCache, p: Prices) -> ReplayResult:
 
 def _breakpoint_calls(requests: list[TokenizedRequest], each: list[Prices]
                       ) -> tuple[list[int], list[int]]:
-    """Reads and writes per call under the breakpoint model, one cache per sheet row
-    (a provider never shares a cache between models)."""
-    caches: dict[str, BreakpointCache] = {}
+    """Reads and writes per call under the breakpoint model, one cache per log model
+    (a provider never shares a cache between models; the same key as the replay's)."""
+    caches: dict[str | None, BreakpointCache] = {}
     cached, writes = [], []
     for tr, pr in zip(requests, each):
-        bc = caches.get(pr.model)
-        if bc is None:
-            bc = caches[pr.model] = BreakpointCache(pr.max_breakpoints, pr.min_cached_tokens,
-                                                    pr.ttl_seconds)
         r = tr.request
+        bc = caches.get(r.model)
+        if bc is None:
+            bc = caches[r.model] = BreakpointCache(pr.max_breakpoints, pr.min_cached_tokens,
+                                                    pr.ttl_seconds)
         call = bc.call((r.tenant, r.cache_salt), tr.prompt_ids, tr.boundaries,
                        tr.boundary_roles, r.timestamp)
         cached.append(call.read)
@@ -214,10 +214,12 @@ def price_log(requests: list[TokenizedRequest], p: Prices, replays: ReplayCache,
             unit = rr.block_size
             timed = all(tr.request.timestamp is not None for tr in requests)
             ttl = p.ttl_seconds or 0.0
-            secs = sum(((u.last - u.first) if timed else 0.0) + ttl
-                       for u in rr.page_use.values() if u.reads > 0)
-            res.storage_token_hours = unit * secs / 3600.0
-            res.storage = res.storage_token_hours * p.storage_per_token_hour
+            held = [(((u.last - u.first) if timed else 0.0) + ttl, u.request)
+                    for u in rr.page_use.values() if u.reads > 0]
+            res.storage_token_hours = unit * sum(s for s, _ in held) / 3600.0
+            # each page at the storage rate of the model whose request stored it
+            res.storage = sum(unit * s / 3600.0 * each[i].storage_per_token_hour
+                              for s, i in held)
     sources = set()
     for tr, c, w, pr in zip(requests, cached, writes, each):
         n_prompt = len(tr.prompt_ids)

@@ -30,11 +30,13 @@ class CallResult:
 
 @dataclass
 class PageUse:
-    """When a page's content (by hash) was first published and last used (s)."""
+    """When a page's content (by hash) was first published and last used (s), and the
+    index (in the log) of the request that first published it."""
 
     first: float
     last: float
     reads: int = 0
+    request: int = 0
 
 
 @dataclass
@@ -113,11 +115,10 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
         req = r.request
         now = req.timestamp
         prompt = r.prompt_ids
-        salt = req.cache_salt
-        if cfg.per_model and req.model is not None:
-            salt = f"{salt or ''}\x00model={req.model}"
+        # a provider keeps one cache per model: the model enters every page key
+        extra = ("model", req.model) if cfg.per_model and req.model is not None else ()
         done = driver.serve(req.request_id, prompt, tenant=req.tenant,
-                            cache_salt=salt, now=now,
+                            cache_salt=req.cache_salt, extra_keys=extra, now=now,
                             response=r.response_ids if cfg.publish_responses else ())
         calls.append(CallResult(len(prompt), done.cached_tokens,
                                 done.response_tokens_published, fits=done.fits))
@@ -131,9 +132,10 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
             hashes.append(ph[:full])
         if page_use is not None:
             t = now if now is not None else float(len(calls) - 1)
-            _use_pages(page_use, ph[:full], done.cached_tokens // bs, t)
+            i = len(calls) - 1
+            _use_pages(page_use, ph[:full], done.cached_tokens // bs, t, i)
             if done.response_tokens_published:
-                _use_pages(page_use, ph[full:], 0, t)
+                _use_pages(page_use, ph[full:], 0, t, i)
     return ReplayResult(block_size=bs, num_pages=num_pages,
                         capacity_tokens=cfg.capacity_tokens, calls=calls,
                         stats=mgr.stats(), prompt_hashes=hashes, page_use=page_use,
@@ -141,12 +143,13 @@ def replay(requests: list[TokenizedRequest], cfg: ReplayConfig | None = None,
 
 
 def _use_pages(page_use: dict[bytes, PageUse], hashes: list[bytes], reads: int,
-               t: float) -> None:
-    """Record a use at ``t`` of pages by hash; the first ``reads`` were cache reads."""
+               t: float, request: int) -> None:
+    """Record a use at ``t`` by log request ``request`` of pages by hash; the first
+    ``reads`` were cache reads."""
     for i, h in enumerate(hashes):
         u = page_use.get(h)
         if u is None:
-            page_use[h] = u = PageUse(t, t)
+            page_use[h] = u = PageUse(t, t, request=request)
         u.last = t
         if i < reads:
             u.reads += 1

@@ -58,10 +58,11 @@ class ReplayDriver:
         self._running: deque[tuple[PageTable, float | None]] = deque()
 
     def serve(self, request_id: str, prompt: list[int], *, tenant: str | None = None,
-              cache_salt: str | None = None, response: list[int] | tuple = (),
-              now: float | None = None) -> Served:
+              cache_salt: str | None = None, extra_keys: tuple = (),
+              response: list[int] | tuple = (), now: float | None = None) -> Served:
         """Admit, prefill and (after ``response``, if longer than one token) decode one
-        request; it stays running until ``concurrency`` newer ones ran.
+        request; it stays running until ``concurrency`` newer ones ran. ``extra_keys``
+        enter every page key (see :meth:`KVCacheManager.new_page_table`).
 
         Raises:
             ValueError: ``request_id`` is still running.
@@ -70,7 +71,7 @@ class ReplayDriver:
         if self.expiry is not None and now is not None:
             self.expiry.expire(now)
         pt = mgr.new_page_table(request_id, list(prompt), tenant=tenant,
-                                cache_salt=cache_salt)
+                                cache_salt=cache_salt, extra_keys=extra_keys)
         hit = mgr.take_hits(pt)
         rest = len(prompt) - pt.num_computed_tokens
         # Make room like a scheduler would: finish the oldest running requests first.

@@ -240,3 +240,18 @@ def test_model_map_errors_name_the_flag():
 ])
 def test_builtin_rows_match_logged_model_names(sheet_name, model, row, how):
     assert choose_row(load_sheet(sheet_name), model) == (row, how)
+
+
+def test_explicit_storage_is_billed_at_each_models_own_rate():
+    sh = two_model_sheet("explicit", unit_tokens=4, ttl_seconds=3600)
+    sh["models"]["y"]["storage_per_mtok_hour"] = 4e6  # x stores at 1 per token-hour
+    rc_reqs = [modeled("a", R[:12], "y"), modeled("b", R[:20], "y"), modeled("c", R[:8], "x"),
+               modeled("d", R[:12], "x")]
+    for i, tr in enumerate(rc_reqs):
+        tr.request.timestamp = 1800.0 * (i % 2)  # each read half an hour after its write
+    (c,) = price_sheet(rc_reqs, sh, ReplayCache(rc_reqs, ReplayConfig(block_size=16)))
+    # one cache per model: b reads a's 3 pages (y), d reads c's 2 pages (x); each page is
+    # stored 0.5 h plus one TTL = 1.5 h
+    assert c.per_call_cached == [0, 12, 0, 8]
+    assert c.storage_token_hours == (3 + 2) * 4 * 1.5
+    assert c.storage == 3 * 4 * 1.5 * 4.0 + 2 * 4 * 1.5 * 1.0
