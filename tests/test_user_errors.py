@@ -22,6 +22,8 @@ from prefixcache.server.cli import check_port
     (["bench-cache", "hash-speed", "--runs", "0"], "--runs"),
     (["bench-cache", "mooncake", "--limit", "0"], "--limit"),
     (["bench-cache", "mooncake", "--concurrency", "0"], "--concurrency"),
+    (["bench", "--concurrency", "0"], "--concurrency/-c"),
+    (["bench", "--threads", "0"], "--threads"),
 ])
 def test_counts_below_one_are_argparse_errors_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as e:

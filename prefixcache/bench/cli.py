@@ -29,7 +29,7 @@ from pathlib import Path
 
 from prefixcache.bench.runner import default_threads
 from prefixcache.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS, WorkloadConfig
-from prefixcache.engine.args import GIB, add_engine_args
+from prefixcache.engine.args import GIB, add_engine_args, positive_int
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -67,12 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--report-only", action="store_true",
                    help="do not run; rebuild the tables, plots and RESULTS.md from OUT/runs/*.json")
     g = p.add_argument_group("how")
-    g.add_argument("--concurrency", "-c", type=int, default=4,
+    g.add_argument("--concurrency", "-c", type=positive_int, default=4,
                    help="serving mode: requests in flight")
-    g.add_argument("--offline-concurrency", type=int, default=1,
+    g.add_argument("--offline-concurrency", type=positive_int, default=1,
                    help="offline mode: requests in flight "
                         "(default 1: per-request latency without queueing)")
-    g.add_argument("--threads", type=int, default=default_threads(),
+    g.add_argument("--threads", type=positive_int, default=default_threads(),
                    help="compute threads for every peer (default: all CPUs but one, "
                         f"which serves the front ends and the client; here {default_threads()})")
     # the engine's own flags, as in generate/serve (KV pool: per engine, ours and vLLM)
@@ -181,9 +181,6 @@ def run(args) -> int:
     if bad:
         raise SystemExit(f"prefixcache bench: unknown peer {bad[0]!r}; "
                          f"choose from {', '.join(PEER_NAMES)}")
-    if min(args.concurrency, args.offline_concurrency, args.threads) < 1:
-        raise SystemExit("prefixcache bench: --concurrency, --offline-concurrency and --threads "
-                         "must be >= 1")
     opts = BenchOptions(
         workloads=workload_names(args.workload, args.requests), model=args.model, peers=args.peers,
         modes=["offline", "serving"] if args.mode == "all" else [args.mode],

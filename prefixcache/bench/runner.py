@@ -189,9 +189,7 @@ def build_all(names: list[str], cfg: wl.WorkloadConfig, renderer) -> tuple[dict,
         reqs = wl.build_workload(name, cfg, measure=lambda r: len(render(r).token_ids))
         if not reqs:
             raise ValueError(f"workload {name} has no requests at these sizes")
-        prompts = {r.id: render(r) for r in reqs}
-        label_warm_by_overlap(reqs, prompts)
-        built[name], rendered[name] = reqs, prompts
+        built[name], rendered[name] = reqs, {r.id: render(r) for r in reqs}
     return built, rendered
 
 
@@ -224,6 +222,8 @@ def prepare(opts: BenchOptions, log: Callable[[str], None]) -> Prepared:
     for name in list(built):
         reqs, prompts, fits[name] = fit_workload(built[name], rendered[name], renderer,
                                                  max_model_len, reserve)
+        # warm by overlap with what is actually sent (fitting may skip or cap requests)
+        label_warm_by_overlap(reqs, prompts)
         n_prompt = sum(len(p.token_ids) for p in prompts.values())
         log(f"  {name}: {len(reqs)} requests, {len({r.session for r in reqs})} sessions, "
             f"{n_prompt} prompt tokens; {fits[name].describe()}")
