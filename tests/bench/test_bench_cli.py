@@ -43,17 +43,23 @@ def test_unknown_peer_is_refused():
         cli.run(parse("--peers", "prefixcache,tgi"))
 
 
-def test_report_only_rebuilds_from_saved_runs(tmp_path):
+def save_run(out, mode: str, concurrency: int) -> None:
+    """One saved shared-prefix run of ours (one 10-token request) under ``out/runs``."""
     from prefixcache.bench.metrics import RequestResult, RunInfo, summarize
 
-    info = RunInfo(workload="shared-prefix", model="bench", peer="prefixcache", mode="offline",
-                   dtype="float32", threads=2, concurrency=1, machine="test")
+    info = RunInfo(workload="shared-prefix", model="bench", peer="prefixcache", mode=mode,
+                   dtype="float32", threads=2, concurrency=concurrency, machine="test")
     rs = [RequestResult(id="a", session="a", turn=0, group="g", tenant=None, warm_expected=False,
                         prompt_tokens=10, cached_tokens=0, output_tokens=2, send_time=0.0,
                         first_token_time=0.5, end_time=0.6)]
-    (tmp_path / "runs").mkdir()
-    summary = summarize(info, rs, wall_s=1.0, peak_rss=None)
-    (tmp_path / "runs" / "shared-prefix__prefixcache__offline.json").write_text(json.dumps(summary))
+    runs = out / "runs"
+    runs.mkdir(exist_ok=True)
+    (runs / f"shared-prefix__prefixcache__{mode}.json").write_text(
+        json.dumps(summarize(info, rs, wall_s=1.0, peak_rss=None)))
+
+
+def test_report_only_rebuilds_from_saved_runs(tmp_path):
+    save_run(tmp_path, "offline", 1)
     assert cli.run(parse("--report-only", "--out", str(tmp_path))) == 0
     assert "shared-prefix" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "RESULTS.md").is_file()
@@ -87,17 +93,8 @@ def test_bench_engine_takes_a_model_dir(tmp_path):
 
 
 def test_report_only_keeps_the_failed_peers_of_the_last_run(tmp_path):
-    from prefixcache.bench.metrics import RequestResult, RunInfo, summarize
-
-    info = RunInfo(workload="shared-prefix", model="bench", peer="prefixcache", mode="serving",
-                   dtype="float32", threads=2, concurrency=4, machine="test")
-    rs = [RequestResult(id="a", session="a", turn=0, group="g", tenant=None, warm_expected=False,
-                        prompt_tokens=10, cached_tokens=0, output_tokens=2, send_time=0.0,
-                        first_token_time=0.5, end_time=0.6)]
+    save_run(tmp_path, "serving", 4)
     runs = tmp_path / "runs"
-    runs.mkdir()
-    (runs / "shared-prefix__prefixcache__serving.json").write_text(
-        json.dumps(summarize(info, rs, wall_s=1.0, peak_rss=None)))
     failed = {"peer": "vllm", "mode": "serving", "reason": "failed to start: no such model",
               "failed": True}
     (runs / "context.json").write_text(json.dumps({"context": {"failed": [failed]}}))
