@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.data import shared_data
 from prefixcache.text.hf_tokenizer import HFTokenizer
 from prefixcache.text.json_tokenizer import JSONTokenizer
 from prefixcache.text.loading import load_tokenizer
@@ -20,6 +21,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 @pytest.fixture(scope="module")
 def qwen2():
+    shared_data("tokenizers")  # skips (fails under CI=true) when the shared data is absent
     tok = load_tokenizer("qwen2")
     assert isinstance(tok, HFTokenizer)  # vocab.json + merges.txt: transformers reads it
     return tok
