@@ -21,7 +21,7 @@ Does the Pro plan include SSO?|Does the Basic plan include SSO?
 How do I sort a list in Python?|How do I sort a list in Java?
 What is the population of Spain?|What is the population of Portugal?
 When does the store in London close?|When does the store in Paris close?
-Is the iPhone 15 waterproof?|Is the Pixel 8 waterproof?
+Is the iPhone waterproof?|Is the Pixel waterproof?
 How do I cancel my Netflix subscription?|How do I cancel my Spotify subscription?
 What are the side effects of ibuprofen?|What are the side effects of Aspirin?"""
 _NEGATION = """\
