@@ -1,38 +1,15 @@
-"""Fixtures of the semantic-cache tests: a toy embedder, the real MiniLM, a real redis-server.
-
-``ToyEmbedder`` hashes lowercased words into a 64-dim bag (deterministic, no model): texts
-sharing words score high, so cache logic can be tested without the 90 MB model.
-"""
+"""Fixtures of the semantic-cache tests: a toy embedder, the real MiniLM, a real redis-server."""
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import shutil
 import socket
 import subprocess
 import time
 
-import numpy as np
 import pytest
 
-
-class ToyEmbedder:
-    dim = 64
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        self.calls += 1
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, text in enumerate(texts):
-            for word in re.findall(r"\w+", text.lower()) or [""]:
-                h = hashlib.blake2b(word.encode(), digest_size=4).digest()
-                out[i, h[0] % self.dim] += 1.0 if h[1] % 2 else -1.0
-            norm = np.linalg.norm(out[i])
-            out[i] = out[i] / norm if norm else np.eye(self.dim, dtype=np.float32)[0]
-        return out
+from tests.gateway.semantic.toy_embedder import ToyEmbedder
 
 
 def _missing(msg: str) -> None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from prefixcache.gateway.semantic.cache import SemanticCache
 from prefixcache.gateway.semantic.verify import AcceptAll, Verdict
+from tests.gateway.semantic.toy_embedder import ToyEmbedder
 
 
 def scope(tenant: str, system: str = "You are helpful.", history: str = "") -> bytes:
@@ -70,7 +71,6 @@ def test_second_candidate_served_when_first_is_rejected(toy):
 @given(st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=6),
        st.text(min_size=1, max_size=20))
 def test_threshold_one_serves_identical_text_only(stored, query):
-    from tests.gateway.semantic.conftest import ToyEmbedder
     cache = SemanticCache(ToyEmbedder(), threshold=1.0, verifier=AcceptAll())
     s = scope("t")
     for i, text in enumerate(stored):
@@ -111,3 +111,14 @@ def test_memory_stays_bounded(toy):
         assert len(cache.index) <= 20 and cache.index.nbytes <= 20 * (64 * 4 + 40)
         assert len(cache.index.scopes) <= 4
     assert cache.stats["stores"] == 300 and cache.index.evictions == 300 - len(cache.index)
+
+
+def test_store_after_a_miss_does_not_embed_again(toy):
+    cache = SemanticCache(toy, threshold=0.8)
+    s = scope("t")
+    assert cache.lookup(s, "how do i reset my password") is None
+    cache.store(s, "how do i reset my password", b"x")
+    assert toy.calls == 1
+    assert cache.lookup(s, "how do i reset my password") is not None
+    cache.store(s, "a new question", b"y")
+    assert toy.calls == 2
