@@ -238,8 +238,9 @@ class PinRegistry:
 
     def on_drop(self, page: int) -> None:
         """A pinned page leaves the pool (eviction, reset): its pins lapse."""
-        for key in tuple(self._of_page.get(page, ())):
-            self._remove(self.pins[key])
+        for pin in sorted((self.pins[k] for k in self._of_page.get(page, ())),
+                          key=lambda p: p.seq):
+            self._remove(pin)
             self.counters["pins_evicted"] += 1
 
     # -- reading -------------------------------------------------------------------------
