@@ -67,6 +67,12 @@ class Pin:
     def key(self) -> PinKey:
         return (self.tenant, self.prefix_hash)
 
+    def as_dict(self) -> dict:
+        """``prefix_hash`` (hex), ``tokens``, ``tier`` (``"pool"``: pins live in the page
+        pool), ``expires_at`` (the registry's clock, Unix seconds by default), ``ttl_s``."""
+        return {"prefix_hash": self.prefix_hash.hex(), "tokens": self.num_tokens,
+                "tier": "pool", "expires_at": self.expires_at, "ttl_s": self.ttl_s}
+
 
 class PinRegistry:
     """The pins of one pool.
