@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -248,6 +248,16 @@ class LLMEngine:
                  requests_waiting=len(self.scheduler.waiting),
                  num_preemptions=self.scheduler.num_preemptions)
         return d
+
+    def tenant_pages(self, tenants: Iterable[str] = ()
+                     ) -> dict[str | None, dict[str, int | None]]:
+        """Per tenant (those holding pages, with a quota of their own, or named in
+        ``tenants``): ``pages`` held (live or cached) and ``quota_pages`` (``None``
+        without a quota)."""
+        usage, quotas = self.cache.pool.usage, self.cache.quotas
+        names = set(usage) | set(quotas.fractions) | set(tenants)
+        return {t: {"pages": usage[t], "quota_pages": quotas.limit(t)}  # type: ignore[misc]
+                for t in names}
 
     def list_pins(self, tenant: str | None = None) -> list[dict]:
         """The tenant's live pins, oldest first: ``prefix_hash`` (hex), ``tokens``,

@@ -60,7 +60,6 @@ TABLE = [
      400, "messages"),
     ("cache_ttl_negative", "POST", C, cb(cache_ttl=-5), {}, 400, "cache_ttl"),
     ("cache_ttl_bad_unit", "POST", C, cb(cache_ttl="5 days"), {}, 400, "cache_ttl"),
-    ("chat_cache_ttl", "POST", CH, chb(cache_ttl=60), {}, 400, "cache_ttl"),
     ("max_tokens_negative", "POST", C, cb(max_tokens=-5), {}, 400, "max_tokens"),
     ("max_tokens_too_large", "POST", C, cb(max_tokens=100_000), {}, 400, "max_tokens"),
     ("max_completion_tokens_zero", "POST", CH, chb(max_completion_tokens=0), {}, 400,
