@@ -6,7 +6,8 @@ plus the vLLM extensions that prefixcache implements (``top_k``, ``min_p``,
 ``skip_special_tokens``, ``include_stop_str_in_output``, ``cache_salt``,
 ``add_special_tokens``, ``add_generation_prompt``), and ``cache_ttl``: pin the prompt's
 full pages for that long (seconds, or ``"30s"``, ``"5m"``, ``"1h"``; see
-``prefixcache/cache/pins.py``).
+``prefixcache/cache/pins.py``); ``cache_control: {"type": "ephemeral", "ttl": "5m"}``
+(Anthropic's shape; ``ttl`` defaults to ``"5m"``) says the same.
 
 Bodies are parsed from JSON in pydantic's *strict* mode: ``"max_tokens": "10"`` or
 ``"stream": "true"`` is an error, not silently coerced (an int is accepted where a float
@@ -81,6 +82,7 @@ class _SamplingFields(_Body):
     include_stop_str_in_output: bool | None = False
     cache_salt: str | None = None
     cache_ttl: float | str | None = None
+    cache_control: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields):

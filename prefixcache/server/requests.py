@@ -89,7 +89,7 @@ class RequestPreparer:
                        for ids, text in prompts]
         return Prepared("completions", f"cmpl-{uuid.uuid4().hex}", model, prompts, params,
                         bool(req.stream), *self._stream_opts(req), bool(req.echo),
-                        req.logprobs, req.cache_salt, arrival, pin_ttl(req.cache_ttl))
+                        req.logprobs, req.cache_salt, arrival, request_pin_ttl(req))
 
     async def chat(self, req: ChatCompletionRequest, arrival: float) -> Prepared:
         """A ``/v1/chat/completions`` request, ready for the engine. Raises APIError."""
@@ -118,7 +118,7 @@ class RequestPreparer:
         top = (req.top_logprobs or 0) if req.logprobs else None
         return Prepared("chat", f"chatcmpl-{uuid.uuid4().hex}", model, [(ids, None)], params,
                         bool(req.stream), *self._stream_opts(req), False, top,
-                        req.cache_salt, arrival, pin_ttl(req.cache_ttl))
+                        req.cache_salt, arrival, request_pin_ttl(req))
 
     # -- checks ----------------------------------------------------------------------------
     def _check_model(self, model: str | None) -> str:
@@ -187,6 +187,24 @@ class RequestPreparer:
 
 _TTL_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_CACHE_TTL_S = 7 * 24 * 3600.0
+
+
+def request_pin_ttl(req: CompletionRequest | ChatCompletionRequest) -> float | None:
+    """The pin TTL a body asks for, in seconds: ``cache_ttl``, or ``cache_control``
+    (``{"type": "ephemeral", "ttl": "5m" | "1h" | ...}``). Raises APIError (400)."""
+    cc = req.cache_control
+    if cc is None:
+        return pin_ttl(req.cache_ttl)
+    if req.cache_ttl is not None:
+        raise bad_request("send cache_ttl or cache_control, not both", "cache_control")
+    if cc.get("type") != "ephemeral" or set(cc) - {"type", "ttl"}:
+        raise bad_request("cache_control must be {'type': 'ephemeral', 'ttl': ...}",
+                          "cache_control")
+    try:
+        return pin_ttl(cc.get("ttl", "5m"))
+    except APIError as exc:
+        raise bad_request(exc.message.replace("cache_ttl", "cache_control.ttl", 1),
+                          "cache_control.ttl") from None
 
 
 def pin_ttl(value: float | str | None) -> float | None:

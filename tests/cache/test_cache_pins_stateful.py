@@ -94,19 +94,20 @@ class PinQuotaMachine(CacheMachine):
     def _victim(self, tenant):
         usage, pinned = self.usage(), self.is_pinned
 
-        def first(pred):
-            return next((p for p in self.lru if pred(p)), None)
+        def first(owners, pin):
+            return next((p for p in self.lru if pinned(p) == pin
+                         and (owners is None or self.owner[p] in owners)), None)
 
         if usage[tenant] >= limit(tenant):
             for pin in (False, True):
-                v = first(lambda p: self.owner[p] == tenant and pinned(p) == pin)
+                v = first({tenant}, pin)
                 if v is not None:
                     return v
         over = {t for t, u in usage.items() if u > limit(t)}
         for pin in (False, True):
-            v = first(lambda p: self.owner[p] in over and pinned(p) == pin)
+            v = first(over, pin)
             if v is None:
-                v = first(lambda p: pinned(p) == pin)
+                v = first(None, pin)
             if v is not None:
                 return v
         raise AssertionError("no cached page to evict")

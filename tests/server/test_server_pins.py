@@ -50,6 +50,11 @@ def test_max_tokens_zero_prefills_pins_and_the_next_request_hits(tenant_server):
     r0 = alice.completions.create(model="tiny", prompt=unique_prompt(20), max_tokens=0)
     assert r0.choices[0].text == "" and r0.usage.completion_tokens == 0
     assert "pins" not in (r0.model_extra or {})
+    # Anthropic's cache_control shape says the same (the 1h TTL), through the openai client.
+    r1 = alice.completions.create(model="tiny", prompt=unique_prompt(20), max_tokens=0,
+                                  extra_body={"cache_control": {"type": "ephemeral",
+                                                                "ttl": "1h"}})
+    assert r1.model_extra["pins"][0]["ttl_s"] == 3600.0
     tenant_server.wait_idle()
 
 
