@@ -131,8 +131,12 @@ class LLM:
 
         Raises:
             ParamError: a bad prompt (shorter than one page) or ``pin_ttl_s``.
+            ValueError: prefix caching is off (nothing is published to pin).
             PinCapError: the pin does not fit under ``max_pinned_fraction``.
         """
+        if not self.engine.config.enable_prefix_caching:
+            raise ValueError("enable_prefix_caching is off: no page is published, so "
+                             "nothing can be pinned")
         ids, text = self._prompt_ids(prompt)
         bs = self.engine.config.block_size
         if len(ids) < bs:

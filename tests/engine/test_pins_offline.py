@@ -73,6 +73,8 @@ def test_the_pin_cap_refuses_and_bad_ttls_are_named():
         llm.pin_prefix(ids(2, 2 * BS), ttl_s=-1)
     with pytest.raises(ParamError, match="prompt"):
         llm.pin_prefix(ids(3, BS - 1), ttl_s=5)
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        make(enable_prefix_caching=False).pin_prefix(ids(0, 2 * BS), ttl_s=5)
     out = llm.generate(ids(4, 2 * BS), GREEDY, tenant="b", pin_ttl_s=60)[0]
     assert out.extra["pin"]["pinned"] is False and "pin cap" in out.extra["pin"]["error"]
     assert out.outputs[0].finish_reason == "length"  # refused pins never fail a request

@@ -55,6 +55,14 @@ def test_max_tokens_zero_prefills_pins_and_the_next_request_hits(tenant_server):
                                   extra_body={"cache_control": {"type": "ephemeral",
                                                                 "ttl": "1h"}})
     assert r1.model_extra["pins"][0]["ttl_s"] == 3600.0
+    # Streamed, max_tokens 0 ends at once with empty text and the usage.
+    chunks = list(alice.completions.create(
+        model="tiny", prompt=prompt, max_tokens=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ""
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 0
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == expected_hit(n)
     tenant_server.wait_idle()
 
 
