@@ -99,7 +99,9 @@ class PinRegistry:
         self.pins: dict[PinKey, Pin] = {}
         self.pin_count = [0] * pool.num_pages     # pins holding each page
         self._of_page: dict[int, set[PinKey]] = {}
-        self._expiry: list[tuple[float, int, PinKey]] = []  # lazy heap, stale entries skipped
+        # One entry per pin, at or before its expiry (a refresh leaves it; a pop re-queues
+        # a pin refreshed since), so the heap never outgrows the pins.
+        self._expiry: list[tuple[float, int, PinKey]] = []
         self._seq = itertools.count()
         self.num_pinned_pages = 0
         self.counters = {"pins_created": 0, "pins_refused": 0, "pins_expired": 0,
@@ -201,24 +203,27 @@ class PinRegistry:
             if self.pin_count[page] == 0:
                 self.num_pinned_pages -= 1
                 self.pool.set_pinned(page, False)
-        if not self.pins:
-            self._expiry.clear()  # only stale entries can remain
+        if len(self._expiry) > 2 * len(self.pins) + 16:  # drop the removed pins' entries
+            self._expiry = [(p.expires_at, p.seq, p.key) for p in self.pins.values()]
+            heapq.heapify(self._expiry)
 
     # -- time ----------------------------------------------------------------------------
-    def _set_expiry(self, pin: Pin, expires_at: float) -> None:
-        if expires_at != pin.expires_at:
-            pin.expires_at = expires_at
-            heapq.heappush(self._expiry, (expires_at, pin.seq, pin.key))
+    @staticmethod
+    def _set_expiry(pin: Pin, expires_at: float) -> None:
+        pin.expires_at = max(pin.expires_at, expires_at)  # never earlier than queued
 
     def expire(self, now: float | None = None) -> int:
         """Lapse every pin whose ``expires_at <= now``; returns how many."""
         now = self.clock() if now is None else now
         n = 0
         while self._expiry and self._expiry[0][0] <= now:
-            t, seq, key = heapq.heappop(self._expiry)
+            _, seq, key = heapq.heappop(self._expiry)
             pin = self.pins.get(key)
-            if pin is None or pin.seq != seq or pin.expires_at != t:
-                continue  # unpinned, or refreshed later: a newer entry stands for it
+            if pin is None or pin.seq != seq:
+                continue  # unpinned (and perhaps pinned again: that pin has its entry)
+            if pin.expires_at > now:  # refreshed since it was queued
+                heapq.heappush(self._expiry, (pin.expires_at, seq, key))
+                continue
             self._remove(pin)
             n += 1
         self.counters["pins_expired"] += n

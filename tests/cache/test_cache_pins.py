@@ -105,6 +105,23 @@ def test_ttl_expiry_is_lazy_and_a_hit_refreshes_it():
     check_invariants(mgr)
 
 
+def test_refreshes_and_repins_keep_one_expiry_entry_per_pin():
+    clock = Clock()
+    mgr = KVCacheManager(12, BS, model_id="m", clock=clock)
+    pin = pin_prompt(mgr, "sys", prompt(0, 2), ttl=10)
+    for i in range(200):
+        clock.t += 1
+        serve(mgr, f"hit{i}", prompt(0, 2) + [5])
+        mgr.pins.unpin(None, b"nothing")
+    assert pin.expires_at == clock.t + 10 and len(mgr.pins._expiry) == 1
+    for i in range(100):  # unpin and pin again: removed pins' entries are compacted
+        mgr.pins.unpin(None, pin.prefix_hash)
+        pin = pin_prompt(mgr, f"re{i}", prompt(0, 2), ttl=10)
+    assert len(mgr.pins._expiry) <= 2 * len(mgr.pins) + 16
+    clock.t += 11
+    assert mgr.pins.expire() == 1 and len(mgr.pins) == 0
+
+
 def test_an_expired_pin_is_collected_before_its_pages_would_be_evicted():
     clock = Clock()
     mgr = KVCacheManager(8, BS, model_id="m", clock=clock)

@@ -144,7 +144,8 @@ class PinQuotaMachine(CacheMachine):
                 if self.pins[k]["exp"] <= self.now:
                     self.expire_model()
                 else:
-                    self.pins[k]["exp"] = self.now + self.pins[k]["ttl"]
+                    pin = self.pins[k]
+                    pin["exp"] = max(pin["exp"], self.now + pin["ttl"])
 
     # -- rules -----------------------------------------------------------------------------
     @precondition(lambda self: any(r.chain for r in self.live.values()))
