@@ -7,8 +7,8 @@ computes which page), :mod:`.page_table` (one request's pages), :mod:`.hits` (hi
 following), :mod:`.allocation` (pages for a step), :mod:`.publish` (publication),
 :mod:`.manager` (the facade the engine calls), :mod:`.cached_queues` (eviction order),
 :mod:`.pins` (TTL pins), :mod:`.quotas` (per-tenant quotas), :mod:`.expiry` (idle TTL),
-:mod:`.driver`
-(requests through the core without a model, for replays), :mod:`.invariants`.
+:mod:`.driver` (requests through the core without a model, for replays),
+:mod:`.invariants`.
 """
 from prefixcache.cache.hashing import PageHasher, encode_parts
 from prefixcache.cache.inflight import InflightRegistry
