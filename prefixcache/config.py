@@ -97,6 +97,13 @@ class EngineConfig:
             429 beyond it); ``None`` for unbounded.
         num_threads: torch intra-op threads, set process-wide when the engine is built;
             ``None`` leaves torch's setting alone (no global side effect).
+        max_pinned_fraction: cap on pinned pages (TTL pins), a share of the pool in
+            ``[0, 1]``; ``0`` disables pinning (``prefixcache/cache/pins.py``).
+        tenant_quota_fraction: every tenant's quota, a share of the pool in ``(0, 1]``:
+            a tenant over it evicts its own cached pages first; ``None`` for no quota
+            (``prefixcache/cache/quotas.py``).
+        tenant_quotas: per-tenant shares overriding ``tenant_quota_fraction`` (the
+            server fills it from the key file).
 
     Raises:
         ValueError: a field out of range; the message starts with the field's name.
@@ -141,6 +148,14 @@ class EngineConfig:
         "torch intra-op CPU threads, set process-wide", "threads",
         default="torch's own setting"))
 
+    max_pinned_fraction: float = field(default=0.5, metadata=_opt(
+        "most pinned (TTL) pages, as a share of the KV pool; 0 disables pinning", "share"))
+    tenant_quota_fraction: float | None = field(default=None, metadata=_opt(
+        "each tenant's share of the KV pool: over it, a tenant evicts its own cached pages "
+        "first", "share", default="no quota"))
+    tenant_quotas: dict[str, float] | None = field(default=None, metadata=_opt(
+        "per-tenant quota shares (the server reads them from the key file)", cli=False))
+
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, msg: str) -> None:
             if not ok:
@@ -162,6 +177,11 @@ class EngineConfig:
              f"{self.max_waiting_requests}")
         need(self.num_threads is None or self.num_threads >= 1, "num_threads",
              f"must be >= 1, got {self.num_threads}")
+        need(0.0 <= self.max_pinned_fraction <= 1.0, "max_pinned_fraction",
+             f"must be in [0, 1], got {self.max_pinned_fraction}")
+        for name, f in [("tenant_quota_fraction", self.tenant_quota_fraction)] + [
+                (f"tenant_quotas[{t!r}]", f) for t, f in (self.tenant_quotas or {}).items()]:
+            need(f is None or 0.0 < f <= 1.0, name, f"must be in (0, 1], got {f}")
         need(isinstance(self.hash_root_seed, str) and bool(self.hash_root_seed),
              "hash_root_seed", "must be a non-empty string")
         try:

@@ -34,7 +34,8 @@ class SamplingParams:
         top_k: keep the k most likely tokens; ``0`` or ``-1`` disables.
         min_p: drop tokens whose probability is below ``min_p`` times the top one.
         seed: per-request seed; the same seed gives the same tokens whatever the cache holds.
-        max_tokens: most tokens to generate (>= 1); ``None`` means up to the context length.
+        max_tokens: most tokens to generate (>= 0); ``None`` means up to the context length.
+            ``0`` prefills the prompt (publishing its pages) and generates nothing.
         min_tokens: generate at least this many tokens before EOS or stop ids count.
         stop: strings that end generation; not included in the output text unless
             ``include_stop_str_in_output``. Deduplicated (first occurrence kept); at most
@@ -94,8 +95,8 @@ class SamplingParams:
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.top_k >= -1, "top_k", f"must be -1, 0 or positive, got {self.top_k}")
         _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
-               f"must be at least 1, got {self.max_tokens}")
+        _check(self.max_tokens is None or self.max_tokens >= 0, "max_tokens",
+               f"must be at least 0 (0 prefills only), got {self.max_tokens}")
         _check(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")

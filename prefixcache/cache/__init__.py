@@ -5,8 +5,10 @@ Knows nothing of torch models or HTTP. Modules: :mod:`.hashing` (chained page ha
 ref counts, LRU), :mod:`.prefix_index` (hash -> verified page), :mod:`.inflight` (who
 computes which page), :mod:`.page_table` (one request's pages), :mod:`.hits` (hits and
 following), :mod:`.allocation` (pages for a step), :mod:`.publish` (publication),
-:mod:`.manager` (the facade the engine calls), :mod:`.expiry` (TTL), :mod:`.driver`
-(requests through the core without a model, for replays), :mod:`.invariants`.
+:mod:`.manager` (the facade the engine calls), :mod:`.cached_queues` (eviction order),
+:mod:`.pins` (TTL pins), :mod:`.quotas` (per-tenant quotas), :mod:`.expiry` (idle TTL),
+:mod:`.driver` (requests through the core without a model, for replays),
+:mod:`.invariants`.
 """
 from prefixcache.cache.hashing import PageHasher, encode_parts
 from prefixcache.cache.inflight import InflightRegistry

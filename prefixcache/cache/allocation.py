@@ -1,15 +1,16 @@
 """Allocation: private pages for a step's new tokens, evicting under pressure, and the
 in-flight registration of the full prompt pages the step will compute.
 
-New pages come from the free queue; when it is empty the least recently used
-cached-free page is dropped (``KVCacheManager.drop_cached``) and taken. A full page in
+New pages come from the free queue; when it is empty a cached-free page is dropped
+(``KVCacheManager.drop_cached``) and taken: the least recently used unpinned one, or the
+one the tenant quotas choose (``victim``, :mod:`.quotas`). A full page in
 the range whose hash is neither published nor in flight is registered as in flight,
 owned by the table's request, so a request with the same prefix follows instead of
 computing it too (DESIGN.md, "Coordination").
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from prefixcache.cache.inflight import InflightRegistry
 from prefixcache.cache.page_keys import PageKeys
@@ -25,12 +26,15 @@ class Allocator:
     Args:
         enabled: prefix caching on; when off nothing is registered in flight.
         drop_cached: the manager's single "drop a cached page" operation.
+        victim: ``victim(tenant)``, the cached-free page an allocation by that tenant
+            evicts; default the pool's order (unpinned LRU, then pinned).
     """
 
     def __init__(self, pool: PagePool, index: PrefixIndex, inflight: InflightRegistry,
                  keys: PageKeys, counters: CacheCounters, drop_cached: Callable[[int], None],
-                 enabled: bool):
+                 enabled: bool, victim: Callable[[Hashable], int | None] | None = None):
         self.pool, self.index, self.inflight, self.keys = pool, index, inflight, keys
+        self.victim = victim or (lambda tenant: pool.oldest_cached())
         self.counters, self.drop_cached, self.enabled = counters, drop_cached, enabled
         self.block_size = keys.block_size
 
@@ -55,10 +59,10 @@ class Allocator:
         if need > pool.num_allocatable:
             return False
         for _ in range(need):
-            if not pool.num_free:  # evict the least recently used cached-free page
-                self.drop_cached(pool.oldest_cached())  # type: ignore[arg-type]
+            if not pool.num_free:  # evict a cached-free page
+                self.drop_cached(self.victim(pt.tenant))  # type: ignore[arg-type]
                 self.counters.evictions += 1
-            pt.pages.append(pool.pop_free())  # type: ignore[arg-type]
+            pt.pages.append(pool.pop_free(pt.tenant))  # type: ignore[arg-type]
         if self.enabled and None not in pt.chain_refs[-1:]:
             first = max(pt.num_computed_tokens // bs, len(pt.chain_refs))
             last = min(-(-end // bs), len(pt.token_ids) // bs)

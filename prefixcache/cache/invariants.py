@@ -69,9 +69,36 @@ def check_invariants(mgr: KVCacheManager) -> None:
         raise InvariantError(f"live gauge {pool.num_live} != {live}")
     if pool.num_free + pool.num_cached + pool.num_live != pool.num_pages:
         raise InvariantError("free + cached-free + live != pool size")
+    check_pins_and_owners(mgr)
     for h in mgr.inflight:
         owner = mgr.inflight.owner(h)
         if owner not in mgr.tables:
             raise InvariantError(f"in-flight page owned by a request with no page table: {owner}")
         if h in index:
             raise InvariantError("a hash is both published and in flight")
+
+
+def check_pins_and_owners(mgr: KVCacheManager) -> None:
+    """Pins (:mod:`.pins`): every pinned page is indexed, pin counts and flags agree with
+    the pins, the cap holds, and cached-free pages wait in the queue of their class.
+    Owners: usage per tenant equals its non-free pages."""
+    pool, index, reg = mgr.pool, mgr.index, mgr.pins
+    counts: Counter[int] = Counter(p for pin in reg.pins.values() for p in set(pin.pages))
+    for page in range(pool.num_pages):
+        if reg.pin_count[page] != counts[page]:
+            raise InvariantError(f"page {page}: pin count {reg.pin_count[page]} != "
+                                 f"{counts[page]} pins")
+        if pool.pinned[page] != (counts[page] > 0):
+            raise InvariantError(f"page {page}: pinned flag disagrees with its pins")
+        if counts[page] and index.page_hash[page] is None:
+            raise InvariantError(f"page {page} is pinned but not published")
+    if len(counts) != reg.num_pinned_pages or len(counts) > reg.cap_pages:
+        raise InvariantError(f"{len(counts)} pinned pages (gauge {reg.num_pinned_pages}, "
+                             f"cap {reg.cap_pages})")
+    queued, n_unpinned = pool.cached_pages(), pool.queues.count(False)
+    if any(pool.pinned[p] != (i >= n_unpinned) for i, p in enumerate(queued)):
+        raise InvariantError("a cached-free page waits in the wrong (pinned) queue")
+    usage: Counter = Counter(pool.owner[p] for p in range(pool.num_pages)
+                             if pool.state[p] != PageState.FREE)
+    if usage != pool.usage:
+        raise InvariantError(f"tenant usage {dict(pool.usage)} != owned pages {dict(usage)}")

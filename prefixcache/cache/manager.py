@@ -13,6 +13,9 @@ registry, hits (:mod:`.hits`), allocation (:mod:`.allocation`) and publication
    full pages), or :meth:`~KVCacheManager.fail_step` if it failed,
 5. :meth:`~KVCacheManager.free` on finish, abort or preemption.
 
+Pins (:mod:`.pins`, ``mgr.pins``) keep a prefix's pages for a TTL (evicted last, capped);
+tenant quotas (:mod:`.quotas`, ``mgr.quotas``) choose which pages an allocation evicts.
+
 Policy (DESIGN.md): only full pages are shared; a hit never covers the last token
 (whole-page reuse, so a 32-token prompt sent twice reuses 16); decode pages publish too.
 Nothing here grows with the number of requests served: every container is bounded by
@@ -20,6 +23,8 @@ the pool size and the live page tables.
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from prefixcache.cache.allocation import Allocator
@@ -29,8 +34,10 @@ from prefixcache.cache.inflight import InflightRegistry
 from prefixcache.cache.page_keys import PageKeys
 from prefixcache.cache.page_pool import PagePool, PageState
 from prefixcache.cache.page_table import PageTable
+from prefixcache.cache.pins import Pin, PinRegistry
 from prefixcache.cache.prefix_index import PrefixIndex
 from prefixcache.cache.publish import Publisher
+from prefixcache.cache.quotas import TenantQuotas
 from prefixcache.cache.stats import CacheCounters, snapshot
 
 
@@ -53,15 +60,22 @@ class KVCacheManager:
         root_seed: hash root seed, ``None`` for the default (see :mod:`.hashing`).
         hash_fn: override the page hash function (tests force collisions with it).
         shuffle_seed: start the free queue in random order (non-contiguous pages).
+        max_pinned_fraction: cap on pinned pages, a share of the pool (:mod:`.pins`).
+        tenant_quota_fraction: every tenant's quota, a share of the pool; ``None`` for
+            none (:mod:`.quotas`). ``tenant_quotas``: per-tenant shares overriding it.
+        clock: time source of pin TTLs, in seconds (default ``time.time``).
 
     Raises:
-        ValueError: ``block_size < 1`` or ``num_pages < 1``.
+        ValueError: ``block_size < 1``, ``num_pages < 1``, or a fraction out of range.
     """
 
     def __init__(self, num_pages: int, block_size: int = 16, *,
                  enable_prefix_caching: bool = True, model_id: str = "",
                  root_seed: bytes | str | None = None, hash_fn: HashFn | None = None,
-                 shuffle_seed: int | None = None):
+                 shuffle_seed: int | None = None, max_pinned_fraction: float = 0.5,
+                 tenant_quota_fraction: float | None = None,
+                 tenant_quotas: dict | None = None,
+                 clock: Callable[[], float] = time.time):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -76,8 +90,11 @@ class KVCacheManager:
                                     self.counters, self.drop_cached, enable_prefix_caching)
         self._hits = HitFinder(self.pool, self.index, self.inflight, self.keys,
                                enable_prefix_caching)
+        self.pins = PinRegistry(self.pool, max_pinned_fraction, clock)
+        self.quotas = TenantQuotas(num_pages, tenant_quota_fraction, tenant_quotas)
         self._alloc = Allocator(self.pool, self.index, self.inflight, self.keys,
-                                self.counters, self.drop_cached, enable_prefix_caching)
+                                self.counters, self.drop_cached, enable_prefix_caching,
+                                self._victim)
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -141,7 +158,11 @@ class KVCacheManager:
         returns the tokens taken (whole pages, at most :meth:`hit_limit_pages`). The
         first call is the admission hit; later calls (a follower polling) take pages a
         leader published meanwhile (in-flight hits)."""
-        return self._hits.take(pt)
+        start = len(pt.pages)
+        tokens = self._hits.take(pt)
+        if tokens:
+            self.pins.on_hit(pt.pages[start:])
+        return tokens
 
     def next_page_owner(self, pt: PageTable, ahead: int = 0) -> str | None:
         """The request computing this table's next needed page (``ahead`` pages past
@@ -159,6 +180,26 @@ class KVCacheManager:
         """Whether the table's next page is in flight by another request, so it can
         follow (poll :meth:`take_hits`). Keeps no state: there is nothing to undo."""
         return self.next_page_owner(pt) is not None
+
+    # -- pins and quotas --------------------------------------------------------------
+    def pin(self, pt: PageTable, num_pages: int, ttl_s: float) -> Pin:
+        """Pin the table's first ``num_pages`` pages (its prefix from the chain root) for
+        ``ttl_s`` seconds, once they are published (:mod:`.pins`). Pages it could not
+        publish (a collision, a dead chain) end the pinned prefix there.
+
+        Raises:
+            ValueError: ``ttl_s <= 0``, or none of those pages is published.
+            PinCapError: the pin does not fit under ``max_pinned_fraction``.
+        """
+        return self.pins.pin_table(self.index, self.keys, pt, num_pages, ttl_s)
+
+    def _victim(self, tenant: Hashable) -> int | None:
+        """The page an allocation by ``tenant`` evicts; expired pins are collected
+        before a pinned page is chosen (lazy expiry)."""
+        page = self.quotas.victim(self.pool, tenant)
+        if page is not None and self.pool.pinned[page] and self.pins.expire():
+            page = self.quotas.victim(self.pool, tenant)
+        return page
 
     # -- allocation --------------------------------------------------------------------
     def pages_needed(self, pt: PageTable, num_new_tokens: int) -> int:
@@ -217,7 +258,9 @@ class KVCacheManager:
         Raises:
             PoolError: the page is not cached-free.
         """
-        self.pool.unpublish_cached(page)  # first: it raises for any other state
+        if self.pool.pinned[page]:
+            self.pins.on_drop(page)  # its pins lapse
+        self.pool.unpublish_cached(page)  # it raises for any state but cached-free
         self.index.remove(page)
 
     # -- accounting --------------------------------------------------------------------
@@ -232,7 +275,8 @@ class KVCacheManager:
 
     def stats(self) -> dict[str, int | float]:
         """Counters (tokens / pages, monotonic) and gauges (pages, current)."""
-        return snapshot(self.counters, self.pool, self.index, self.inflight)
+        return snapshot(self.counters, self.pool, self.index, self.inflight) | (
+            self.pins.stats())
 
     def reset(self) -> ResetReport:
         """Clear the prefix cache without touching running requests: every cached-free

@@ -33,7 +33,8 @@ class PageKeys:
             request_id=request_id, token_ids=token_ids, root_key=root_key,
             root_hash=self.hasher.root_hash(root_key),
             page_extra=self.hasher.extra_bytes(tuple(extra_keys)),
-            mm_hashes=tuple(mm_hashes), extra_keys=tuple(extra_keys), read_cache=read_cache)
+            mm_hashes=tuple(mm_hashes), tenant=tenant, extra_keys=tuple(extra_keys),
+            read_cache=read_cache)
 
     def raw(self, pt: PageTable, first: int, last: int) -> bytes:
         """Token bytes of pages ``[first, last)``, ``page_bytes`` per page."""

@@ -14,6 +14,12 @@ Each page is in exactly one state (see DESIGN.md, "Page lifecycle"):
 "Live" pages are those with ``ref_count > 0`` (``PENDING`` or ``PUBLISHED``), so
 ``num_free + num_cached + num_live == num_pages`` always.
 
+Each non-free page has an *owner* (the tenant of the request that took it from the free
+queue; pages are never shared across tenants) and a *pinned* flag (set by :mod:`.pins`).
+Cached-free pages wait in :class:`~.cached_queues.CachedQueues`: unpinned ones are
+evicted before pinned ones, and per-owner queues let quotas (:mod:`.quotas`) pick a
+tenant's own pages.
+
 All operations are O(1). The pool knows nothing of hashes: ``KVCacheManager.drop_cached``
 removes a page from the index and then returns it to the free queue
 (:meth:`unpublish_cached`); eviction, reset, supersede and TTL expiry all go through it.
@@ -21,8 +27,11 @@ removes a page from the index and then returns it to the free queue
 from __future__ import annotations
 
 import random
-from collections import OrderedDict, deque
+from collections import Counter, deque
+from collections.abc import Hashable
 from enum import IntEnum
+
+from prefixcache.cache.cached_queues import CachedQueues
 
 
 class PageState(IntEnum):
@@ -58,8 +67,11 @@ class PagePool:
         if shuffle_seed is not None:
             random.Random(shuffle_seed).shuffle(order)
         self._free: deque[int] = deque(order)
-        self._lru: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._lru = CachedQueues()  # cached-free pages, in eviction order
         self._num_live = 0
+        self.owner: list[Hashable] = [None] * num_pages  # tenant of a non-free page
+        self.pinned = [False] * num_pages
+        self.usage: Counter[Hashable] = Counter()  # non-free pages per owner
 
     # -- gauges ---------------------------------------------------------------------
     @property
@@ -80,18 +92,46 @@ class PagePool:
         return len(self._free) + len(self._lru)
 
     # -- transitions ------------------------------------------------------------------
-    def pop_free(self) -> int | None:
-        """Take a free page: ``FREE -> PENDING``, ref 1. ``None`` if none is free."""
+    def pop_free(self, owner: Hashable = None) -> int | None:
+        """Take a free page for ``owner`` (a tenant): ``FREE -> PENDING``, ref 1.
+        ``None`` if none is free."""
         if not self._free:
             return None
         page = self._free.popleft()
         self._hold_new(page)
+        self.owner[page] = owner
+        self.usage[owner] += 1
         return page
 
     def oldest_cached(self) -> int | None:
-        """The least recently used cached-free page (the next to evict), ``None`` if
-        there is none."""
-        return next(iter(self._lru), None)
+        """The next cached-free page to evict without quotas: the least recently used
+        unpinned one, else the least recently used pinned one; ``None`` if none."""
+        page = self._lru.oldest(False)
+        return self._lru.oldest(True) if page is None else page
+
+    @property
+    def queues(self) -> CachedQueues:
+        """The cached-free queues (read them; the pool alone changes them)."""
+        return self._lru
+
+    def set_pinned(self, page: int, pinned: bool) -> None:
+        """Mark a page pinned or not. A cached-free page moves to the most recently used
+        end of its new class."""
+        if self.pinned[page] == pinned:
+            return
+        self.pinned[page] = pinned
+        if page in self._lru:
+            self._lru.remove(page)
+            self._lru.add(page, self.owner[page], pinned)
+
+    def _to_free(self, page: int) -> None:
+        self.state[page] = PageState.FREE
+        self._free.append(page)
+        owner = self.owner[page]
+        self.usage[owner] -= 1
+        if not self.usage[owner]:
+            del self.usage[owner]
+        self.owner[page] = None
 
     def _hold_new(self, page: int) -> None:
         self.state[page] = PageState.PENDING
@@ -103,7 +143,7 @@ class PagePool:
         out of the eviction queue."""
         st = self.state[page]
         if st == PageState.CACHED_FREE:
-            del self._lru[page]
+            self._lru.remove(page)
             self.state[page] = PageState.PUBLISHED
             self._num_live += 1
         elif st != PageState.PUBLISHED:
@@ -122,10 +162,9 @@ class PagePool:
         self._num_live -= 1
         if self.state[page] == PageState.PUBLISHED:
             self.state[page] = PageState.CACHED_FREE
-            self._lru[page] = None
+            self._lru.add(page, self.owner[page], self.pinned[page])
         else:
-            self.state[page] = PageState.FREE
-            self._free.append(page)
+            self._to_free(page)
 
     def mark_published(self, page: int) -> None:
         """``PENDING -> PUBLISHED`` once the page's KV is complete and indexed."""
@@ -138,9 +177,8 @@ class PagePool:
         of the free queue. The caller removes it from the index."""
         if self.state[page] != PageState.CACHED_FREE:
             raise PoolError(f"page {page} is {self.state[page].name}, not cached-free")
-        del self._lru[page]
-        self.state[page] = PageState.FREE
-        self._free.append(page)
+        self._lru.remove(page)
+        self._to_free(page)
 
     def unpublish_live(self, page: int) -> None:
         """Make a published page private again: ``PUBLISHED -> PENDING``. Only for a page
@@ -153,8 +191,9 @@ class PagePool:
         self.state[page] = PageState.PENDING
 
     def cached_pages(self) -> list[int]:
-        """Cached-free pages, least recently used first."""
-        return list(self._lru)
+        """Cached-free pages in eviction order: unpinned least recently used first, then
+        pinned."""
+        return self._lru.pages()
 
     def free_pages(self) -> list[int]:
         return list(self._free)

@@ -16,6 +16,7 @@ class PageTable:
 
     Attributes:
         request_id: owner of the table (unique among live tables).
+        tenant: the tenant of its namespace; owner of the pages it takes from the pool.
         token_ids: the request's tokens (prompt, then generated); the manager reads it as
             it grows, never writes it.
         root_key / root_hash: encoded namespace root and its hash.
@@ -44,6 +45,7 @@ class PageTable:
     root_hash: bytes
     page_extra: bytes
     mm_hashes: tuple = ()
+    tenant: str | None = None
     extra_keys: tuple = ()
     read_cache: bool = True
     pages: list[int] = field(default_factory=list)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
 from prefixcache.cache.manager import KVCacheManager
+from prefixcache.cache.pins import PinCapError
 from prefixcache.config import EngineConfig
 from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
@@ -75,7 +76,10 @@ class LLMEngine:
                                     enable_prefix_caching=config.enable_prefix_caching,
                                     model_id=self.loaded.cache_id,
                                     root_seed=config.hash_root_seed,
-                                    shuffle_seed=config.shuffle_seed)
+                                    shuffle_seed=config.shuffle_seed,
+                                    max_pinned_fraction=config.max_pinned_fraction,
+                                    tenant_quota_fraction=config.tenant_quota_fraction,
+                                    tenant_quotas=config.tenant_quotas)
         self.scheduler = Scheduler(config, self.cache, clock)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
@@ -110,8 +114,14 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, *, prompt: str | None = None,
                     tenant: str | None = None, cache_salt: str | None = None,
-                    extra_keys: tuple = (), arrival_time: float | None = None) -> Request:
+                    extra_keys: tuple = (), arrival_time: float | None = None,
+                    pin_ttl_s: float | None = None) -> Request:
         """Queue a request.
+
+        ``pin_ttl_s`` (seconds): once its prefill completes, pin its full prompt pages for
+        that long (``cache/pins.py``; ``output.extra["pin"]`` tells the result). With
+        ``params.max_tokens == 0`` the request prefills and finishes (``"length"``)
+        without generating.
 
         Raises:
             ParamError: invalid prompt or parameters (names the parameter).
@@ -122,12 +132,16 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params)
+        if pin_ttl_s is not None and not (isinstance(pin_ttl_s, (int, float))
+                                          and 0 < pin_ttl_s < float("inf")):
+            raise ParamError("pin_ttl_s", f"must be a positive number of seconds, got "
+                             f"{pin_ttl_s!r}")
         limit = self.config.max_waiting_requests
         if limit is not None and len(self.scheduler.waiting) >= limit:
             raise QueueFullError(f"{len(self.scheduler.waiting)} requests are waiting")
         req = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
                       sampling_params=params, prompt=prompt, tenant=tenant,
-                      cache_salt=cache_salt, extra_keys=tuple(extra_keys),
+                      cache_salt=cache_salt, extra_keys=tuple(extra_keys), pin_ttl_s=pin_ttl_s,
                       arrival_time=self.clock() if arrival_time is None else arrival_time)
         if params.seed is not None:
             req.generator = torch.Generator(device=self.device).manual_seed(params.seed)
@@ -204,12 +218,26 @@ class LLMEngine:
                 req.freeze_cached()
                 self.cache.record_query(req.num_prompt_tokens, req.num_cached_tokens,
                                         req.num_inflight_hit_tokens)
-            reason = self.outputs.append_token(req, tok, lp, now)
+                if req.pin_ttl_s is not None:
+                    self._pin(req)
+            if req.sampling_params.max_tokens == 0:  # prefill only: drop the token
+                reason: str | None = "length"
+            else:
+                reason = self.outputs.append_token(req, tok, lp, now)
             if reason is not None:
                 self._finish(req, reason)
                 self.counters["requests_finished"] += 1
             outputs.append(self.outputs.make_output(req))
         return outputs
+
+    def _pin(self, req: Request) -> None:
+        """Pin the request's full prompt pages (its prefill just completed). A pin the
+        cap refuses leaves the request unpinned (``req.pin_error``), never failed."""
+        n = req.num_prompt_tokens // self.cache.block_size
+        try:
+            req.pin = self.cache.pin(req.table, n, req.pin_ttl_s)  # type: ignore[arg-type]
+        except (PinCapError, ValueError) as exc:
+            req.pin_error = str(exc)
 
     # -- introspection -------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
@@ -220,6 +248,35 @@ class LLMEngine:
                  requests_waiting=len(self.scheduler.waiting),
                  num_preemptions=self.scheduler.num_preemptions)
         return d
+
+    def tenant_pages(self, tenants: Iterable[str] = ()
+                     ) -> dict[str | None, dict[str, int | None]]:
+        """Per tenant (those holding pages, with a quota of their own, or named in
+        ``tenants``): ``pages`` held (live or cached) and ``quota_pages`` (``None``
+        without a quota)."""
+        usage, quotas = self.cache.pool.usage, self.cache.quotas
+        names = set(usage) | set(quotas.fractions) | set(tenants)
+        return {t: {"pages": usage[t], "quota_pages": quotas.limit(t)}  # type: ignore[misc]
+                for t in names}
+
+    def list_pins(self, tenant: str | None = None) -> list[dict]:
+        """The tenant's live pins, oldest first: ``prefix_hash`` (hex), ``tokens``,
+        ``tier``, ``expires_at`` (Unix seconds), ``ttl_s``. Never another tenant's."""
+        return [p.as_dict() for p in self.cache.pins.list(tenant)]
+
+    def unpin(self, prefix_hash: str, tenant: str | None = None) -> bool:
+        """Remove the tenant's pin named by ``prefix_hash`` (hex). ``False`` when the
+        tenant has no such pin (another tenant's pin is never touched).
+
+        Raises:
+            ParamError: ``prefix_hash`` is not a hex string.
+        """
+        try:
+            key = bytes.fromhex(prefix_hash)
+        except (TypeError, ValueError):
+            raise ParamError("prefix_hash", f"must be a hex string, got {prefix_hash!r}"
+                             ) from None
+        return self.cache.pins.unpin(tenant, key)
 
     def reset_prefix_cache(self):
         """Drop unreferenced cached pages; running requests are unaffected."""

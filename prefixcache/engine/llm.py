@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any, cast
 
+from prefixcache.cache.pins import PinCapError
 from prefixcache.config import EngineConfig
 from prefixcache.engine.engine import LLMEngine
 from prefixcache.outputs import RequestOutput
@@ -54,7 +55,8 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  tenant: str | None = None, cache_salt: str | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, pin_ttl_s: float | None = None
+                 ) -> list[RequestOutput]:
         """Generate for every prompt, all batched together; outputs in prompt order.
 
         Args:
@@ -62,6 +64,8 @@ class LLM:
             sampling_params: one for all prompts, or one per prompt.
             tenant, cache_salt: the cache namespace of these requests.
             use_tqdm: show a progress bar.
+            pin_ttl_s: pin each prompt's full pages for this long (seconds) once
+                prefilled; ``output.extra["pin"]`` says whether the pin cap allowed it.
 
         Raises:
             ParamError: an invalid prompt or parameter; nothing is queued then.
@@ -81,7 +85,7 @@ class LLM:
         for (ids, text), sp in zip(encoded, params):
             rid = f"offline-{next(self._ids)}"
             self.engine.add_request(rid, ids, sp, prompt=text, tenant=tenant,
-                                    cache_salt=cache_salt)
+                                    cache_salt=cache_salt, pin_ttl_s=pin_ttl_s)
             order.append(rid)
         return self._run(order, use_tqdm)
 
@@ -118,6 +122,46 @@ class LLM:
         if bar is not None:
             bar.close()
         return [done[r] for r in order]
+
+    def pin_prefix(self, prompt: PromptType, ttl_s: float, *, tenant: str | None = None,
+                   cache_salt: str | None = None) -> dict:
+        """Prefill ``prompt`` without generating and pin its full pages for ``ttl_s``
+        seconds (pre-storing a system prompt or a document). Returns the pin as
+        :meth:`list_pins` shows it, plus ``cached_tokens`` (what the prefill reused).
+
+        Raises:
+            ParamError: a bad prompt (shorter than one page) or ``pin_ttl_s``.
+            ValueError: prefix caching is off (nothing is published to pin).
+            PinCapError: the pin does not fit under ``max_pinned_fraction``.
+        """
+        if not self.engine.config.enable_prefix_caching:
+            raise ValueError("enable_prefix_caching is off: no page is published, so "
+                             "nothing can be pinned")
+        ids, text = self._prompt_ids(prompt)
+        bs = self.engine.config.block_size
+        if len(ids) < bs:
+            raise ParamError("prompt", f"has {len(ids)} tokens; pinning needs at least "
+                             f"one full page ({bs} tokens)")
+        out = self.generate([{"prompt_token_ids": ids, "prompt": text}],
+                            SamplingParams(max_tokens=0), tenant=tenant,
+                            cache_salt=cache_salt, pin_ttl_s=ttl_s)[0]
+        pin = out.extra.get("pin")
+        if pin is None or not pin["pinned"]:
+            if pin is None:
+                raise RuntimeError(f"the prefill failed: {out.error}")
+            raise PinCapError(pin["error"])
+        return {k: v for k, v in pin.items() if k != "pinned"} | {
+            "cached_tokens": out.num_cached_tokens}
+
+    def list_pins(self, tenant: str | None = None) -> list[dict]:
+        """The tenant's live pins, oldest first: ``prefix_hash`` (hex), ``tokens``,
+        ``tier`` (``"pool"``), ``expires_at`` (Unix seconds), ``ttl_s``."""
+        return self.engine.list_pins(tenant)
+
+    def unpin(self, prefix_hash: str, tenant: str | None = None) -> bool:
+        """Remove one of the tenant's pins; ``False`` if it has none by that hash.
+        Raises ParamError if ``prefix_hash`` is not hex."""
+        return self.engine.unpin(prefix_hash, tenant)
 
     def stats(self) -> dict[str, int | float]:
         """``prefix_cache_queries``, ``prefix_cache_hits`` (tokens), ``hit_rate``,

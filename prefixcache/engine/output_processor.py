@@ -132,4 +132,13 @@ class OutputProcessor:
             request_id=req.request_id, prompt=req.prompt,
             prompt_token_ids=req.prompt_token_ids, outputs=[comp], finished=req.finished,
             num_cached_tokens=req.num_cached_tokens, metrics=req.metrics, error=req.error,
-            prompt_logprobs=req.prompt_logprobs or None)
+            prompt_logprobs=req.prompt_logprobs or None, extra=self._pin_extra(req))
+
+    @staticmethod
+    def _pin_extra(req: Request) -> dict:
+        """``{"pin": {...}}`` for a request that asked for a pin, once decided."""
+        if req.pin_ttl_s is None or (req.pin is None and req.pin_error is None):
+            return {}
+        if req.pin is None:
+            return {"pin": {"pinned": False, "error": req.pin_error}}
+        return {"pin": {"pinned": True} | req.pin.as_dict()}

@@ -35,6 +35,9 @@ class Request:
     tenant: str | None = None
     cache_salt: str | None = None
     extra_keys: tuple = ()
+    pin_ttl_s: float | None = None  # pin the full prompt pages once published (seconds)
+    pin: Any = None              # the cache.pins.Pin made for it, once pinned
+    pin_error: str | None = None  # why it could not be pinned (the pin cap)
     status: RequestStatus = RequestStatus.WAITING
     all_token_ids: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)

@@ -3,7 +3,8 @@
 Routes:
     ``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI, streaming or not),
     ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus),
-    ``POST /reset_prefix_cache`` (admin).
+    ``POST /reset_prefix_cache`` (admin), ``GET /v1/cache/pins`` and
+    ``DELETE /v1/cache/pins/{prefix_hash}`` (the caller's pins, :mod:`.pins_routes`).
 
 Routes and exception handlers are module-level functions; what they share is
 ``request.app.state.server``, built once by :func:`create_app`.
@@ -43,6 +44,7 @@ from prefixcache.server.drain import DEFAULT_GRACE_S, Drain
 from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
 from prefixcache.server.logsafe import clean
 from prefixcache.server.metrics import ServerMetrics
+from prefixcache.server.pins_routes import ROUTES as PIN_ROUTES
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.serving import OpenAIServing
 
@@ -241,11 +243,18 @@ async def prometheus_metrics(request: Request) -> Response:
     stats = None
     if server.engine.is_alive():
         try:
-            stats = await server.engine.call(lambda e: e.stats(),
-                                             timeout=server.settings.stats_timeout_s)
+            stats = await server.engine.call(
+                lambda e: e.stats() | _tenant_pages(e, server.settings.auth.tenants),
+                timeout=server.settings.stats_timeout_s)
         except Exception:  # an old snapshot beats no answer
             log.warning("engine stats unavailable; serving the previous snapshot")
     return Response(server.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+
+
+def _tenant_pages(engine: Any, tenants: list[str]) -> dict:
+    """Per-tenant pages and quotas for /metrics (engines without them: none)."""
+    fn = getattr(engine, "tenant_pages", None)
+    return {"tenant_pages": fn(tenants)} if fn is not None and tenants else {}
 
 
 async def reset_prefix_cache(request: Request) -> JSONResponse:
@@ -265,4 +274,4 @@ _ROUTES = (("GET", "/health", health), ("GET", "/v1/models", models),
            ("POST", "/v1/completions", completions),
            ("POST", "/v1/chat/completions", chat_completions),
            ("GET", "/metrics", prometheus_metrics),
-           ("POST", "/reset_prefix_cache", reset_prefix_cache))
+           ("POST", "/reset_prefix_cache", reset_prefix_cache)) + PIN_ROUTES

@@ -46,6 +46,7 @@ class RequestSpec:
     cache_salt: str | None = None
     arrival_time: float | None = None
     index: int = 0
+    pin_ttl_s: float | None = None  # pin the prompt's full pages for this long (seconds)
 
 
 @dataclass(eq=False)
@@ -148,9 +149,11 @@ class AsyncEngine:
             added: list[RequestSpec] = []
             try:
                 for s in specs:
+                    pin = {} if s.pin_ttl_s is None else {"pin_ttl_s": s.pin_ttl_s}
                     self.engine.add_request(s.request_id, s.prompt_token_ids, s.params,
                                             prompt=s.prompt, tenant=s.tenant,
-                                            cache_salt=s.cache_salt, arrival_time=s.arrival_time)
+                                            cache_salt=s.cache_salt, arrival_time=s.arrival_time,
+                                            **pin)
                     added.append(s)
                     self._streams[s.request_id] = StreamState(s, queue, loop)
             except Exception as exc:

@@ -3,8 +3,12 @@
 The key file (``--api-keys FILE``) is a JSON object mapping each API key to its tenant
 and admin flag::
 
-    {"sk-alice-1": {"tenant": "alice", "admin": false},
+    {"sk-alice-1": {"tenant": "alice", "admin": false, "quota": 0.25},
      "sk-ops":     {"tenant": "ops",   "admin": true}}
+
+``quota`` (optional) is the tenant's share of the KV pool, in ``(0, 1]``: over it, the
+tenant's allocations evict its own cached pages first (``prefixcache/cache/quotas.py``;
+it overrides ``--tenant-quota-fraction``). Keys of one tenant must agree on it.
 
 Clients send the key as ``Authorization: Bearer <key>``. With a key file, a request
 without a key, or with an unknown one, gets 401 (``/health`` and ``/metrics`` stay
@@ -64,9 +68,12 @@ class Authenticator:
         self.enabled = keys is not None
         self.allow_reset = allow_reset
         self._by_digest: dict[bytes, Principal] = {}
+        self.quotas: dict[str, float] = {}  # tenant -> share of the KV pool (key file)
         if keys is not None:
+            valid = validate_keys(keys)
             self._by_digest = {_digest(k): Principal(v["tenant"], bool(v.get("admin", False)))
-                               for k, v in validate_keys(keys).items()}
+                               for k, v in valid.items()}
+            self.quotas = {v["tenant"]: v["quota"] for v in valid.values() if "quota" in v}
 
     @classmethod
     def from_file(cls, path: str | Path | None, *, allow_reset: bool = False) -> Authenticator:
@@ -152,7 +159,8 @@ def validate_keys(keys: Mapping) -> dict[str, dict]:
     if not isinstance(keys, Mapping):
         raise KeyFileError("the API-key file must hold a JSON object {key: {tenant, admin}}")
     _check_duplicates(keys)
-    out = {}
+    out: dict[str, dict] = {}
+    quotas: dict[str, float] = {}
     for pos, (key, entry) in enumerate(keys.items(), 1):
         where = f"key #{pos}: "
         if not isinstance(key, str) or not key.strip() or key != key.strip() or " " in key:
@@ -160,7 +168,7 @@ def validate_keys(keys: Mapping) -> dict[str, dict]:
         if not isinstance(entry, Mapping):
             raise KeyFileError(f"{where}value must be an object "
                                '{"tenant": ..., "admin": ...}')
-        unknown = set(entry) - {"tenant", "admin"}
+        unknown = set(entry) - {"tenant", "admin", "quota"}
         if unknown:
             raise KeyFileError(f"{where}unknown fields {sorted(unknown)}")
         tenant = entry.get("tenant")
@@ -170,9 +178,21 @@ def validate_keys(keys: Mapping) -> dict[str, dict]:
         if not isinstance(admin, bool):
             raise KeyFileError(f"{where}'admin' must be true or false")
         out[key] = {"tenant": tenant, "admin": admin}
+        if "quota" in entry:
+            out[key]["quota"] = _quota(entry["quota"], where, tenant, quotas)
     if not out:
         raise KeyFileError("the API-key file holds no keys")
     return out
+
+
+def _quota(value: object, where: str, tenant: str, quotas: dict[str, float]) -> float:
+    """A key's ``quota``, checked: a share in ``(0, 1]``, equal for all of a tenant's
+    keys. Raises KeyFileError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise KeyFileError(f"{where}'quota' must be a share of the KV pool in (0, 1]")
+    if quotas.setdefault(tenant, float(value)) != float(value):
+        raise KeyFileError(f"{where}'quota' differs from another key of the same tenant")
+    return float(value)
 
 
 def load_key_file(path: str | Path) -> dict[str, dict]:

@@ -12,6 +12,7 @@ bound (and released) before the model loads, so a busy port fails at once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import socket
 from pathlib import Path
@@ -118,7 +119,10 @@ def build_app(args: argparse.Namespace):
         raise ValueError("--header-timeout-s must be > 0")
     allowed = allowed_hosts(args, auth.enabled)
     check_port(args.host, args.port)
-    engine = LLMEngine(config_from_args(args))
+    config = config_from_args(args)
+    if auth.quotas:  # the key file's per-tenant quotas
+        config = dataclasses.replace(config, tenant_quotas=auth.quotas)
+    engine = LLMEngine(config)
     names = args.served_model_name or [served_name(args.model)]
     settings = ServerSettings(model_names=names, model_root=args.model, auth=auth,
                               max_body_bytes=args.max_body_bytes, allowed_hosts=allowed,

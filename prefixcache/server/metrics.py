@@ -56,6 +56,11 @@ ENGINE_COUNTERS = (
      "published_pages"),
     ("prefix_cache_reset_dropped_pages", "Cached pages dropped by /reset_prefix_cache, "
      "pages.", "reset_dropped_pages"),
+    ("kv_pins_made", "Pins made (created, not refreshed).", "pins_created"),
+    ("kv_pins_refused", "Pins refused by the pin cap.", "pins_refused"),
+    ("kv_pins_expired", "Pins whose TTL ran out.", "pins_expired"),
+    ("kv_pins_evicted", "Pins that lapsed because a page of theirs was evicted.",
+     "pins_evicted"),
     ("engine_steps", "Model steps run.", "steps"),
     ("engine_failed_steps", "Model steps that failed (their requests finished with an "
      "error).", "failed_steps"),
@@ -70,14 +75,18 @@ ENGINE_GAUGES = (
     ("kv_pages_live", "Pages held by running requests.", "pages_live"),
     ("requests_running", "Requests admitted and running in the engine.", "requests_running"),
     ("requests_waiting", "Requests waiting for admission.", "requests_waiting"),
+    ("kv_pins", "Live TTL pins (cache_ttl / pin_prefix).", "pins"),
+    ("kv_pages_pinned", "Pages held by pins (evicted last).", "pages_pinned"),
+    ("kv_pin_cap_pages", "Most pages pins may hold (--max-pinned-fraction).", "pin_cap_pages"),
 )
 
 
 class EngineStatsCollector:
     """Engine counters and gauges from the latest ``LLMEngine.stats()`` snapshot."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenants: list[str] | None = None) -> None:
         self.snapshot: dict[str, Any] = {}
+        self.tenants = tenants
 
     def describe(self) -> list[Metric]:
         return []
@@ -90,6 +99,24 @@ class EngineStatsCollector:
         for name, doc, key in ENGINE_GAUGES:
             if key in s:
                 yield GaugeMetricFamily(name, doc, value=float(s[key]))
+        by_tenant = s.get("tenant_pages")
+        if self.tenants is not None and isinstance(by_tenant, dict):
+            yield from self._tenant_gauges(by_tenant)
+
+    def _tenant_gauges(self, by_tenant: dict) -> Iterable[Metric]:
+        """Pages held and quota per configured tenant (the key file fixes the set)."""
+        pages = GaugeMetricFamily("tenant_kv_pages", "KV pages a tenant holds (live or "
+                                  "cached), pages.", labels=["tenant"])
+        quota = GaugeMetricFamily("tenant_kv_quota_pages", "A tenant's quota (over it, it "
+                                  "evicts its own pages first), pages.", labels=["tenant"])
+        for t in self.tenants or []:
+            row = by_tenant.get(t, {})
+            pages.add_metric([t], float(row.get("pages", 0)))
+            if row.get("quota_pages") is not None:
+                quota.add_metric([t], float(row["quota_pages"]))
+        yield pages
+        if quota.samples:
+            yield quota
 
 
 class ServerMetrics:
@@ -135,7 +162,7 @@ class ServerMetrics:
         self.batch = Histogram(
             "engine_step_batch_requests", "Requests that produced a token in one engine "
             "step (the batch's decode width).", buckets=BATCH_BUCKETS, registry=r)
-        self.engine_stats = EngineStatsCollector()
+        self.engine_stats = EngineStatsCollector(tenants)
         r.register(self.engine_stats)
         for tenant in tenants or []:
             for c in (self.queries, self.hits, self.prompt_tokens, self.generation_tokens):

@@ -4,7 +4,10 @@ Field names and defaults are OpenAI's (``/v1/completions``, ``/v1/chat/completio
 plus the vLLM extensions that prefixcache implements (``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
 ``skip_special_tokens``, ``include_stop_str_in_output``, ``cache_salt``,
-``add_special_tokens``, ``add_generation_prompt``).
+``add_special_tokens``, ``add_generation_prompt``), and ``cache_ttl``: pin the prompt's
+full pages for that long (seconds, or ``"30s"``, ``"5m"``, ``"1h"``; see
+``prefixcache/cache/pins.py``); ``cache_control: {"type": "ephemeral", "ttl": "5m"}``
+(Anthropic's shape; ``ttl`` defaults to ``"5m"``) says the same.
 
 Bodies are parsed from JSON in pydantic's *strict* mode: ``"max_tokens": "10"`` or
 ``"stream": "true"`` is an error, not silently coerced (an int is accepted where a float
@@ -78,6 +81,8 @@ class _SamplingFields(_Body):
     skip_special_tokens: bool | None = True
     include_stop_str_in_output: bool | None = False
     cache_salt: str | None = None
+    cache_ttl: float | str | None = None
+    cache_control: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields):

@@ -89,7 +89,7 @@ class RequestPreparer:
                        for ids, text in prompts]
         return Prepared("completions", f"cmpl-{uuid.uuid4().hex}", model, prompts, params,
                         bool(req.stream), *self._stream_opts(req), bool(req.echo),
-                        req.logprobs, req.cache_salt, arrival)
+                        req.logprobs, req.cache_salt, arrival, request_pin_ttl(req))
 
     async def chat(self, req: ChatCompletionRequest, arrival: float) -> Prepared:
         """A ``/v1/chat/completions`` request, ready for the engine. Raises APIError."""
@@ -98,6 +98,10 @@ class RequestPreparer:
         if req.max_completion_tokens is not None:
             rename["max_tokens"] = "max_completion_tokens"
         params = self._sampling_params(req, rename=rename)
+        if params.max_tokens == 0:
+            name = rename.get("max_tokens", "max_tokens")
+            raise bad_request(f"{name} must be at least 1 here; max_tokens 0 (prefill "
+                              "only) is a /v1/completions feature", name)
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer, so no chat template", "messages")
         messages = message_dicts(req)
@@ -114,7 +118,7 @@ class RequestPreparer:
         top = (req.top_logprobs or 0) if req.logprobs else None
         return Prepared("chat", f"chatcmpl-{uuid.uuid4().hex}", model, [(ids, None)], params,
                         bool(req.stream), *self._stream_opts(req), False, top,
-                        req.cache_salt, arrival)
+                        req.cache_salt, arrival, request_pin_ttl(req))
 
     # -- checks ----------------------------------------------------------------------------
     def _check_model(self, model: str | None) -> str:
@@ -179,6 +183,48 @@ class RequestPreparer:
             return SamplingParams(**kw)
         except ParamError as exc:
             raise param_error(exc, rename or {}) from None
+
+
+_TTL_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_CACHE_TTL_S = 7 * 24 * 3600.0
+
+
+def request_pin_ttl(req: CompletionRequest | ChatCompletionRequest) -> float | None:
+    """The pin TTL a body asks for, in seconds: ``cache_ttl``, or ``cache_control``
+    (``{"type": "ephemeral", "ttl": "5m" | "1h" | ...}``). Raises APIError (400)."""
+    cc = req.cache_control
+    if cc is None:
+        return pin_ttl(req.cache_ttl)
+    if req.cache_ttl is not None:
+        raise bad_request("send cache_ttl or cache_control, not both", "cache_control")
+    if cc.get("type") != "ephemeral" or set(cc) - {"type", "ttl"}:
+        raise bad_request("cache_control must be {'type': 'ephemeral', 'ttl': ...}",
+                          "cache_control")
+    try:
+        return pin_ttl(cc.get("ttl", "5m"))
+    except APIError as exc:
+        raise bad_request(exc.message.replace("cache_ttl", "cache_control.ttl", 1),
+                          "cache_control.ttl") from None
+
+
+def pin_ttl(value: float | str | None) -> float | None:
+    """The ``cache_ttl`` extension in seconds: a number of seconds, or a string such as
+    ``"30s"``, ``"5m"``, ``"1h"`` (Anthropic's ``ttl`` shape). Raises APIError (400,
+    ``cache_ttl``) unless it is positive, finite and at most a week."""
+    if value is None:
+        return None
+    seconds: float | None = None
+    if isinstance(value, str):
+        num, unit = value[:-1], value[-1:]
+        if unit in _TTL_UNITS and num.replace(".", "", 1).isdigit():
+            seconds = float(num) * _TTL_UNITS[unit]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    if seconds is None or not (0 < seconds <= MAX_CACHE_TTL_S):
+        raise bad_request(f"cache_ttl must be a positive number of seconds or a duration "
+                          f"such as '30s', '5m', '1h', at most {MAX_CACHE_TTL_S:.0f} s; got "
+                          f"{value!r}", "cache_ttl")
+    return seconds
 
 
 def param_error(exc: ParamError, rename: dict[str, str]) -> APIError:

@@ -53,6 +53,7 @@ class Prepared:
     logprobs: int | None                       # top-k alternatives to return, or None
     cache_salt: str | None
     arrival: float
+    pin_ttl_s: float | None = None             # the ``cache_ttl`` extension, seconds
 
 
 class ResponseRenderer:
@@ -86,10 +87,13 @@ class ResponseRenderer:
                     "logprobs": (self._completion_logprobs(comp.token_ids, comp.logprobs, 0)
                                  if prep.logprobs is not None else None),
                     "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason})
-        return {"id": prep.request_id,
+        body: dict[str, Any] = {"id": prep.request_id,
                 "object": "chat.completion" if prep.kind == "chat" else "text_completion",
                 "created": int(time.time()), "model": prep.model, "choices": choices,
                 "usage": _usage(finals.values())}
+        if prep.pin_ttl_s is not None:  # extension: the pin of each prompt, by index
+            body["pins"] = [finals[i].extra.get("pin") for i in sorted(finals)]
+        return body
 
     async def stream(self, prep: Prepared, updates: AsyncIterator[dict[int, RequestOutput]]
                      ) -> AsyncIterator[str]:

@@ -93,7 +93,7 @@ class OpenAIServing:
         specs = [RequestSpec(request_id=prep.request_id if n == 1 else f"{prep.request_id}-{i}",
                              prompt_token_ids=ids, params=prep.params, prompt=text,
                              tenant=principal.tenant, cache_salt=prep.cache_salt,
-                             arrival_time=prep.arrival, index=i)
+                             arrival_time=prep.arrival, index=i, pin_ttl_s=prep.pin_ttl_s)
                  for i, (ids, text) in enumerate(prep.prompts)]
         queue: asyncio.Queue = asyncio.Queue()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 from prefixcache.cache import KVCacheManager
+from prefixcache.cache.cached_queues import CachedQueues
 from prefixcache.cache.invariants import check_invariants
 
 BS = 4
@@ -26,7 +27,7 @@ def containers(mgr: KVCacheManager) -> dict[str, int]:
     for owner, obj in [("mgr", mgr)] + [(k, v) for k, v in vars(mgr).items()
                                          if hasattr(v, "__dict__")]:
         for name, v in vars(obj).items():
-            if isinstance(v, (list, dict, set, deque, tuple, bytearray)):
+            if isinstance(v, (list, dict, set, deque, tuple, bytearray, CachedQueues)):
                 out[f"{owner}.{name}"] = len(v)
     return out
 
@@ -36,7 +37,10 @@ def idle_sizes() -> dict[str, int]:
             "pool.state": POOL, "pool.ref_count": POOL, "pool._free": POOL, "pool._lru": 0,
             "index._by_hash": 0, "index.page_hash": POOL, "index.page_key": POOL,
             "index.entry_id": POOL, "index._page_of_entry": 0,
-            "inflight._owner": 0, "inflight._owned": 0}
+            "inflight._owner": 0, "inflight._owned": 0,
+            "pool.owner": POOL, "pool.pinned": POOL, "pool.usage": 0,
+            "pins.pins": 0, "pins.pin_count": POOL, "pins._of_page": 0, "pins._expiry": 0,
+            "pins.counters": 7, "quotas.fractions": 0}
 
 
 def prompt(k: int) -> list[int]:
@@ -108,6 +112,7 @@ def test_ten_thousand_requests_with_followers_leave_nothing_behind():
     sizes = containers(mgr)
     cached = s["pages_cached"]
     assert sizes == idle_sizes() | {"pool._free": POOL - cached, "pool._lru": cached,
+                                    "pool.usage": 1,  # one tenant owns the cached pages
                                     "index._by_hash": cached,
                                     "index._page_of_entry": cached}
     report = mgr.reset()

@@ -188,6 +188,21 @@ class CacheMachine(RuleBasedStateMachine):
                 else:
                     self.free.add(p)
 
+    # -- eviction policy (hooks: the pin and quota machine below overrides them) ---------
+    def next_victim(self, r: Req) -> int:
+        """The page an allocation for ``r`` evicts: the least recently used one."""
+        return self.lru[0]
+
+    def claimed(self, page: int, r: Req) -> None:
+        """``page`` was allocated to ``r`` (from the free queue or by eviction)."""
+
+    def evicted(self, page: int) -> None:
+        """``page``'s entry was evicted (after it left the model's LRU list)."""
+
+    def cached_order(self) -> list[int]:
+        """``pool.cached_pages()`` as the model expects it."""
+        return self.lru
+
     # -- rules ---------------------------------------------------------------------------
     # -- preconditions ---------------------------------------------------------------------
     def _room(self):
@@ -302,13 +317,16 @@ class CacheMachine(RuleBasedStateMachine):
         assert len(new) == need
         n_free = min(need, len(self.free))
         assert set(new[:n_free]) <= self.free
-        assert new[n_free:] == self.lru[:need - n_free]   # least recently used first
         for p in new[:n_free]:
             self.free.remove(p)
-        for p in new[n_free:]:
+            self.claimed(p, r)
+        for p in new[n_free:]:   # evicted one by one, in the model's eviction order
+            assert p == self.next_victim(r)
             self.lru.remove(p)
             self.remove_entry(self.page_entry[p])
             self.evictions += 1
+            self.claimed(p, r)
+            self.evicted(p)
         for p in new:
             self.holders[p] = 1
             r.pages.append(p)
@@ -449,7 +467,7 @@ class CacheMachine(RuleBasedStateMachine):
             want = {(True, True): PageState.PUBLISHED, (True, False): PageState.CACHED_FREE,
                     (False, True): PageState.PENDING, (False, False): PageState.FREE}
             assert pool.state[p] == want[published, held], p
-        assert pool.cached_pages() == self.lru
+        assert pool.cached_pages() == self.cached_order()
         assert set(pool.free_pages()) == self.free
         live = sum(1 for p in range(POOL) if self.holders[p] > 0)
         assert (pool.num_free, pool.num_cached, pool.num_live) == (

@@ -36,9 +36,9 @@ def test_demo_shows_hits_and_one_prefill_for_the_burst(capsys):
 
 
 def test_user_errors_print_one_line_and_exit_2(capsys, tmp_path):
-    assert main(["generate", "--model", "builtin:tiny", "--max-tokens", "0", "x"]) == 2
+    assert main(["generate", "--model", "builtin:tiny", "--max-tokens", "-1", "x"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("prefixcache generate: error: max_tokens: must be at least 1")
+    assert err.startswith("prefixcache generate: error: max_tokens: must be at least 0")
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert main(["generate", "--model", str(tmp_path / "missing"), "x"]) == 2
     assert str(tmp_path / "missing") in capsys.readouterr().err

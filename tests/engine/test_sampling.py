@@ -125,7 +125,7 @@ def test_prompt_logprobs_do_not_read_the_cache_but_publish(llm, llama):
 
 @pytest.mark.parametrize("kw,param", [
     (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
-    (dict(max_tokens=0), "max_tokens"), (dict(n=2), "n"),
+    (dict(max_tokens=-1), "max_tokens"), (dict(n=2), "n"),
     (dict(stop=[f"x{i}" for i in range(17)]), "stop"),  # 17 distinct (duplicates fold)
     (dict(logprobs=21), "logprobs"), (dict(top_k=-2), "top_k"),
     (dict(temperature=float("inf")), "temperature"), (dict(top_p=float("nan")), "top_p"),

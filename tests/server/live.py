@@ -4,7 +4,8 @@ Two session-scoped servers run ``builtin:tiny`` (random weights, loads instantly
 
 * ``server``: single-tenant (no key file), ``--allow-reset``, served as ``tiny`` and
   ``builtin:tiny``, a short ``--header-timeout-s``;
-* ``tenant_server``: ``--api-keys`` with tenants ``alice``, ``bob`` and an admin key, and
+* ``tenant_server``: ``--api-keys`` with tenants ``alice``, ``bob`` (a quota of half the
+  pool) and an admin key, and
   a small queue (``--max-num-seqs 2 --max-waiting-requests 2``) for the 429 test.
 
 Each test uses prompts that start with a fresh nonce (:func:`unique_prompt`), so tests
@@ -30,7 +31,7 @@ HEADER_TIMEOUT_S = 2.0  # the single-tenant server's --header-timeout-s
 KEYS = {
     "sk-alice": {"tenant": "alice", "admin": False},
     "sk-alice-2": {"tenant": "alice", "admin": False},
-    "sk-bob": {"tenant": "bob", "admin": False},
+    "sk-bob": {"tenant": "bob", "admin": False, "quota": 0.5},  # 256 of the 512 pages
     "sk-ops": {"tenant": "ops", "admin": True},
 }
 
