@@ -18,7 +18,8 @@ def parse(*argv):
 
 def test_defaults_and_sizes():
     a = parse()
-    assert a.workload == "all" and a.model == "smollm2-135m-instruct-q4_1" and a.mode == "all" and a.concurrency == 4
+    assert a.workload == "all" and a.mode == "all" and a.concurrency == 4
+    assert a.model == "smollm2-135m-instruct-q4_1"
     assert a.offline_concurrency == 1
     assert a.peers == ["prefixcache", "prefixcache-nocache", "transformers", "vllm", "llamacpp"]
     cfg = cli.workload_config(parse("--num-prefixes", "8", "--prefix-chars", "100:200",
