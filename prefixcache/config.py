@@ -97,6 +97,11 @@ class EngineConfig:
             429 beyond it); ``None`` for unbounded.
         num_threads: torch intra-op threads, set process-wide when the engine is built;
             ``None`` leaves torch's setting alone (no global side effect).
+        kv_events_endpoint: ZeroMQ address the engine binds to publish KV events
+            (vLLM's schema, ``engine/kv_events.py``), e.g. ``tcp://127.0.0.1:5557``;
+            ``None`` publishes nothing.
+        kv_events_replay_endpoint: ZeroMQ address of the replay socket (needs
+            ``kv_events_endpoint``); ``None`` for no replay.
 
     Raises:
         ValueError: a field out of range; the message starts with the field's name.
@@ -140,6 +145,12 @@ class EngineConfig:
     num_threads: int | None = field(default=None, metadata=_opt(
         "torch intra-op CPU threads, set process-wide", "threads",
         default="torch's own setting"))
+    kv_events_endpoint: str | None = field(default=None, metadata=_opt(
+        "ZeroMQ address to bind for KV events (vLLM schema), e.g. tcp://127.0.0.1:5557",
+        default="no events"))
+    kv_events_replay_endpoint: str | None = field(default=None, metadata=_opt(
+        "ZeroMQ address to bind for KV event replay (needs --kv-events-endpoint)",
+        default="no replay"))
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, msg: str) -> None:
@@ -172,6 +183,8 @@ class EngineConfig:
              f"must be cpu, cuda or cuda:N, got {self.device!r}")
         need(dev.type != "cuda" or torch.cuda.is_available(), "device",
              f"{self.device!r} asked for, but this torch build or machine has no CUDA")
+        need(self.kv_events_replay_endpoint is None or bool(self.kv_events_endpoint),
+             "kv_events_replay_endpoint", "needs kv_events_endpoint")
         need(-(1 << 63) <= self.seed < (1 << 64), "seed",
              f"must fit in 64 bits, got {self.seed}")
 

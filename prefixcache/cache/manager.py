@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefixcache.cache.allocation import Allocator
+from prefixcache.cache.events import CacheEventLog
 from prefixcache.cache.hashing import HashFn, PageHasher
 from prefixcache.cache.hits import HitFinder, Probe
 from prefixcache.cache.inflight import InflightRegistry
@@ -219,6 +220,13 @@ class KVCacheManager:
         """
         self.pool.unpublish_cached(page)  # first: it raises for any other state
         self.index.remove(page)
+
+    def record_events(self) -> CacheEventLog:
+        """Start recording every page entering or leaving the index (for KV events);
+        the caller drains the returned log. Idempotent."""
+        if self.index.events is None:
+            self.index.events = CacheEventLog(self.block_size)
+        return self.index.events
 
     # -- accounting --------------------------------------------------------------------
     def record_query(self, num_prompt_tokens: int, num_cached_tokens: int,

@@ -21,6 +21,7 @@ import torch
 
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.config import EngineConfig
+from prefixcache.engine.kv_events import KVEventPublisher
 from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
 from prefixcache.engine.request import Request, RequestStatus
@@ -83,6 +84,12 @@ class LLMEngine:
                          "steps": 0, "failed_steps": 0, "requests_finished": 0,
                          "requests_aborted": 0}
         self._pending_outputs: list[RequestOutput] = []
+        self.kv_events: KVEventPublisher | None = None
+        if config.kv_events_endpoint:
+            self._event_log = self.cache.record_events()
+            self.kv_events = KVEventPublisher(
+                config.kv_events_endpoint, config.kv_events_replay_endpoint,
+                model=self.loaded.model_id, medium="GPU" if self.device.type == "cuda" else "CPU")
 
     # -- requests ------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -165,15 +172,23 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs, []
         plan = self.scheduler.schedule()
         if not plan.scheduled:
+            self._send_events()
             return outputs
         self.counters["steps"] += 1
         try:
             result = self.runner.run(plan.scheduled)
         except Exception as exc:  # the engine keeps serving; the step's requests fail
             log.exception("model step failed")
+            self._send_events()
             return outputs + self._fail(plan.scheduled, exc)
         self._publish(plan.scheduled, result)
+        self._send_events()
         return outputs + self._emit(result)
+
+    def _send_events(self) -> None:
+        """Hand the step's index changes to the KV event publisher (queued, async)."""
+        if self.kv_events is not None:
+            self.kv_events.publish(self._event_log.drain())
 
     def _fail(self, scheduled: list[ScheduledSeq], exc: Exception) -> list[RequestOutput]:
         """Publish nothing, withdraw the step's in-flight pages, finish its requests."""
@@ -223,4 +238,13 @@ class LLMEngine:
 
     def reset_prefix_cache(self):
         """Drop unreferenced cached pages; running requests are unaffected."""
-        return self.cache.reset()
+        report = self.cache.reset()
+        self._send_events()
+        return report
+
+    def close(self) -> None:
+        """Release what the engine holds outside the model (the KV event sockets).
+        Idempotent."""
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
