@@ -97,7 +97,7 @@ class KVEventPublisher:
         self._seq = 0
         self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(max_queue)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._pub = self._bind(zmq.PUB, endpoint)
         self._replay = None if replay_endpoint is None else self._bind(zmq.ROUTER,
                                                                       replay_endpoint)

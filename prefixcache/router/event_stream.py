@@ -171,7 +171,7 @@ class EventSubscriber:
                  replay_timeout_s: float = 1.0):
         self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
         self.replay_timeout_ms = int(replay_timeout_s * 1000)
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self.stream = EventStream(apply, self._replay if replay_endpoint else None)
         self._stop = threading.Event()
         self.ready = threading.Event()
@@ -192,7 +192,7 @@ class EventSubscriber:
         try:
             sock.connect(self.replay_endpoint)
             sock.send_multipart((b"", start.to_bytes(8, "big")))
-            out = []
+            out: list[tuple[int, bytes]] = []
             while True:
                 _, seq_b, payload = sock.recv_multipart()  # raises zmq.Again on timeout
                 seq = int.from_bytes(seq_b, "big", signed=True)
