@@ -102,6 +102,15 @@ class EngineConfig:
             ``None`` publishes nothing.
         kv_events_replay_endpoint: ZeroMQ address of the replay socket (needs
             ``kv_events_endpoint``); ``None`` for no replay.
+        host_cache_bytes: byte budget of the host-RAM KV tier (L2); ``0`` turns it off.
+        disk_cache_dir: directory of the disk KV tier (L3); ``None`` turns it off.
+        disk_cache_bytes: byte budget of the disk tier (bytes of its files).
+        tier_write_policy: ``"write_back"`` (pages are written down when evicted from
+            the pool) or ``"write_through"`` (pages are written down when they are hit).
+        tier_load_policy: ``"auto"`` (load a tier hit only when loading is estimated to
+            beat recomputing) or ``"always"``.
+        tier_store_queue: bound of the asynchronous store queue (page groups); a store
+            beyond it is dropped and counted.
 
     Raises:
         ValueError: a field out of range; the message starts with the field's name.
@@ -152,6 +161,20 @@ class EngineConfig:
         "ZeroMQ address to bind for KV event replay (needs --kv-events-endpoint)",
         default="no replay"))
 
+    host_cache_bytes: int = field(default=0, metadata=_opt(
+        "host-RAM KV tier (L2) budget, 0 for none", "bytes"))
+    disk_cache_dir: str | None = field(default=None, metadata=_opt(
+        "directory of the disk KV tier (L3)", default="none (no disk tier)"))
+    disk_cache_bytes: int = field(default=8 << 30, metadata=_opt(
+        "disk KV tier (L3) budget", "bytes"))
+    tier_write_policy: str = field(default="write_back", metadata=_opt(
+        "when pages are written to the KV tiers: write_back (on eviction) or "
+        "write_through (when hit)"))
+    tier_load_policy: str = field(default="auto", metadata=_opt(
+        "auto (load a tier hit only when estimated faster than recompute) or always"))
+    tier_store_queue: int = field(default=64, metadata=_opt(
+        "bound of the KV tier store queue; stores beyond it are dropped", "page groups"))
+
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, msg: str) -> None:
             if not ok:
@@ -173,6 +196,15 @@ class EngineConfig:
              f"{self.max_waiting_requests}")
         need(self.num_threads is None or self.num_threads >= 1, "num_threads",
              f"must be >= 1, got {self.num_threads}")
+        need(self.host_cache_bytes >= 0, "host_cache_bytes", "must be >= 0")
+        need(self.disk_cache_bytes >= 1, "disk_cache_bytes", "must be >= 1")
+        need(self.disk_cache_dir is None or bool(self.disk_cache_dir), "disk_cache_dir",
+             "must be a non-empty path or None")
+        need(self.tier_write_policy in ("write_back", "write_through"), "tier_write_policy",
+             f"must be write_back or write_through, got {self.tier_write_policy!r}")
+        need(self.tier_load_policy in ("auto", "always"), "tier_load_policy",
+             f"must be auto or always, got {self.tier_load_policy!r}")
+        need(self.tier_store_queue >= 1, "tier_store_queue", "must be >= 1")
         need(isinstance(self.hash_root_seed, str) and bool(self.hash_root_seed),
              "hash_root_seed", "must be a non-empty string")
         try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixcache.cache.allocation import Allocator
+from prefixcache.cache.allocation import Allocator, EvictHook
 from prefixcache.cache.events import CacheEventLog
 from prefixcache.cache.hashing import HashFn, PageHasher
 from prefixcache.cache.hits import HitFinder, Probe
@@ -160,6 +160,13 @@ class KVCacheManager:
         """Whether the table's next page is in flight by another request, so it can
         follow (poll :meth:`take_hits`). Keeps no state: there is nothing to undo."""
         return self.next_page_owner(pt) is not None
+
+    def set_evict_hook(self, hook: EvictHook | None) -> None:
+        """Call ``hook`` with the published pages an allocation evicts, once per
+        allocation, after their index entries are gone and before the caller's step can
+        overwrite them (write-back to the KV tiers). It must not call back into the
+        manager."""
+        self._alloc.on_evict = hook
 
     # -- allocation --------------------------------------------------------------------
     def pages_needed(self, pt: PageTable, num_new_tokens: int) -> int:

@@ -22,6 +22,7 @@ import torch
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.config import EngineConfig
 from prefixcache.engine.kv_events import KVEventPublisher
+from prefixcache.engine.kv_tiers import KVTiers, model_fingerprint
 from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
 from prefixcache.engine.request import Request, RequestStatus
@@ -63,6 +64,8 @@ class LLMEngine:
         self.tokenizer = self.loaded.tokenizer
         mc = self.model_config
         bs = config.block_size
+        # one key everywhere: weights, KV dtype, block size and KV layout in every root
+        self.fingerprint = model_fingerprint(self.loaded.cache_id, config.torch_dtype, bs)
         self.runner = ModelRunner(self.model, mc, config)
         num_pages = self.runner.num_pages
         limit = mc.check_max_model_len(config.max_model_len, config.allow_long_context)
@@ -74,10 +77,14 @@ class LLMEngine:
             else f"the maximum context length (max_model_len) is {self.max_model_len} tokens")
         self.cache = KVCacheManager(num_pages, bs,
                                     enable_prefix_caching=config.enable_prefix_caching,
-                                    model_id=self.loaded.cache_id,
+                                    model_id=self.fingerprint,
                                     root_seed=config.hash_root_seed,
                                     shuffle_seed=config.shuffle_seed)
         self.scheduler = Scheduler(config, self.cache, clock)
+        self.tiers: KVTiers | None = None
+        if config.enable_prefix_caching and (config.host_cache_bytes or config.disk_cache_dir):
+            self.tiers = KVTiers(config, self.cache, self.runner.kv, self.fingerprint)
+            self.scheduler.extend_hit = self.tiers.extend_hit
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
         self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
@@ -175,12 +182,16 @@ class LLMEngine:
             self._send_events()
             return outputs
         self.counters["steps"] += 1
+        t0 = time.perf_counter()
         try:
             result = self.runner.run(plan.scheduled)
         except Exception as exc:  # the engine keeps serving; the step's requests fail
             log.exception("model step failed")
             self._send_events()
             return outputs + self._fail(plan.scheduled, exc)
+        if self.tiers is not None and any(s.request.in_prefill for s in plan.scheduled):
+            self.tiers.estimates.observe_prefill(time.perf_counter() - t0,
+                                                 sum(s.num_tokens for s in plan.scheduled))
         self._publish(plan.scheduled, result)
         self._send_events()
         return outputs + self._emit(result)
@@ -234,17 +245,24 @@ class LLMEngine:
         d.update(requests_running=len(self.scheduler.running),
                  requests_waiting=len(self.scheduler.waiting),
                  num_preemptions=self.scheduler.num_preemptions)
+        if self.tiers is not None:
+            d.update(self.tiers.stats())
         return d
+
+    def close(self) -> None:
+        """Finish the queued KV tier stores and stop their worker, and close the KV
+        event sockets (idempotent). The engine keeps serving from the pool alone
+        afterwards."""
+        if self.tiers is not None and not self.tiers.closed:
+            self.scheduler.extend_hit = None
+            self.cache.set_evict_hook(None)
+            self.tiers.close()  # its counters stay readable in stats()
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
 
     def reset_prefix_cache(self):
         """Drop unreferenced cached pages; running requests are unaffected."""
         report = self.cache.reset()
         self._send_events()
         return report
-
-    def close(self) -> None:
-        """Release what the engine holds outside the model (the KV event sockets).
-        Idempotent."""
-        if self.kv_events is not None:
-            self.kv_events.close()
-            self.kv_events = None

@@ -119,6 +119,11 @@ class LLM:
             bar.close()
         return [done[r] for r in order]
 
+    def close(self) -> None:
+        """Write the pool's cached pages to the KV tiers and finish their stores (a no-op
+        without tiers); the LLM keeps working from the pool alone afterwards."""
+        self.engine.close()
+
     def stats(self) -> dict[str, int | float]:
         """``prefix_cache_queries``, ``prefix_cache_hits`` (tokens), ``hit_rate``,
         ``prefill_tokens_computed``, ``pages_total/free/cached/live`` and more."""

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prefixcache.cache.manager import KVCacheManager
+from prefixcache.cache.page_table import PageTable
 from prefixcache.config import EngineConfig
 from prefixcache.engine.request import Request, RequestStatus
 
@@ -68,6 +69,8 @@ class Scheduler:
         self.running: dict[str, Request] = {}  # by request id, in admission order
         self._admit_counter = 0
         self.num_preemptions = 0
+        # continues an admitted request's hit into the KV tiers (engine/kv_tiers.py)
+        self.extend_hit: Callable[[PageTable], int] | None = None
 
     # -- queue operations ------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -194,6 +197,8 @@ class Scheduler:
                 req.metrics.first_scheduled_time = self.clock()
             if follows:  # the page after its hits is computed by a running request
                 continue
+            if self.extend_hit is not None:
+                self.extend_hit(pt)
             n = min(req.num_tokens_to_compute, budget)
             if n <= 0 or not self.cache.allocate(pt, n):
                 # Cannot compute now after all: undo the admission, keep its place.

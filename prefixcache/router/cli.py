@@ -4,9 +4,9 @@
         --replica http://127.0.0.1:8002,events=tcp://127.0.0.1:5558 --port 8000 \\
         [--model M] [--api-keys keys.json] [--block-size 16]
 
-``--model``, ``--block-size``, ``--api-keys`` and ``$PREFIXCACHE_HASH_SEED`` must be the
-replicas' own: the router computes their page hashes (it loads the model's tokenizer and
-chat template, not its weights).
+``--model``, ``--block-size``, ``--dtype``, ``--api-keys`` and ``$PREFIXCACHE_HASH_SEED``
+must be the replicas' own: the router computes their page hashes (it loads the model's
+tokenizer and chat template, not its weights).
 """
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="the replicas' --served-model-name (default: as serve derives it)")
     p.add_argument("--block-size", type=int, default=16, help="the replicas' KV page size, "
                    "tokens")
+    p.add_argument("--dtype", default="float32", help="the replicas' --dtype (part of the "
+                   "model fingerprint in every page hash)")
     p.add_argument("--api-keys", default=None, metavar="FILE",
                    help="the replicas' key file (default: none, single tenant)")
     p.add_argument("--max-index-pages", type=int, default=DEFAULT_MAX_PAGES,
@@ -67,6 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def build_router_app(args: argparse.Namespace):
     """The app for ``args``. Raises ValueError / OSError on bad arguments."""
+    from prefixcache.config import resolve_dtype
+    from prefixcache.engine.kv_tiers import model_fingerprint
     from prefixcache.model.loader import load_tokenizer
     from prefixcache.router.app import RouterSettings, create_router_app
     from prefixcache.router.index import PageIndex
@@ -85,10 +89,12 @@ def build_router_app(args: argparse.Namespace):
     index = PageIndex(args.max_index_pages, args.approx_ttl_s)
     auth = Authenticator.from_file(args.api_keys)
     check_port(args.host, args.port)
+    dtype = resolve_dtype(args.dtype)
     tokenizer, cache_id = load_tokenizer(args.model)
+    fingerprint = model_fingerprint(cache_id, dtype, args.block_size)
     settings = RouterSettings(
         model_names=(args.served_model_name or [served_name(args.model)]) + [args.model],
-        tokenizer=tokenizer, keys=PromptKeys(cache_id, hash_root_seed_from_env(),
+        tokenizer=tokenizer, keys=PromptKeys(fingerprint, hash_root_seed_from_env(),
                                              args.block_size),
         auth=auth, max_body_bytes=args.max_body_bytes,
         health_interval_s=args.health_interval_s)

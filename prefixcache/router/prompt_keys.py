@@ -16,8 +16,9 @@ class PromptKeys:
     """Page hashes of prompts for one model.
 
     Args:
-        cache_id: the model's part of the chain root (``LoadedModel.cache_id``, what
-            :func:`prefixcache.model.loader.load_tokenizer` returns).
+        cache_id: the model's part of the chain root: the engines' fingerprint
+            (``engine.kv_tiers.model_fingerprint`` of the model's cache id, dtype and
+            block size).
         root_seed: the engines' ``hash_root_seed``.
         block_size: the engines' page size, tokens.
     """

@@ -134,9 +134,6 @@ async def _lifespan(app: FastAPI):
         yield
     finally:
         await asyncio.to_thread(server.engine.shutdown)
-        close = getattr(server.engine.engine, "close", None)
-        if close is not None:  # the KV event sockets
-            close()
         server.parse_pool.shutdown(wait=False)
 
 

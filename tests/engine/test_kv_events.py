@@ -24,7 +24,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _chain(ids: list[int], tenant=None, model="builtin:tiny") -> list[bytes]:
+def _chain(ids: list[int], model: str, tenant=None) -> list[bytes]:
     h = PageHasher(model)
     root = h.root_hash(h.root_key(tenant, None))
     n = len(ids) // BS
@@ -84,7 +84,8 @@ def test_engine_publishes_vllm_schema_with_our_page_hashes():
         stored = [e for e in batch["events"] if e["type"] == "BlockStored"]
         assert len(stored) == 1
         ev = stored[0]
-        assert ev["block_hashes"] == _chain(ids)  # our tenant-rooted page hashes
+        # our tenant-rooted page hashes, rooted in the model fingerprint
+        assert ev["block_hashes"] == _chain(ids, llm.engine.fingerprint)
         assert ev["parent_block_hash"] is None and ev["block_size"] == BS
         assert ev["token_ids"] == ids[:3 * BS]
         assert ev["medium"] == "CPU" and ev["lora_id"] is None and "lora_name" in ev
@@ -92,7 +93,7 @@ def test_engine_publishes_vllm_schema_with_our_page_hashes():
         got = _recv_all(sub, lambda g: any(b"BlockRemoved" in p for _, _, p in g))
         removed = [e for e in msgpack.unpackb(got[-1][2])["events"]
                    if e["type"] == "BlockRemoved"]
-        assert sorted(removed[0]["block_hashes"]) == sorted(_chain(ids))
+        assert sorted(removed[0]["block_hashes"]) == sorted(_chain(ids, llm.engine.fingerprint))
         assert got[-1][1] == seq + 1  # consecutive sequence numbers
         # the replay socket returns the whole history, first the incarnation's clear
         dealer = zmq.Context.instance().socket(zmq.DEALER)
