@@ -62,6 +62,30 @@ ENGINE_COUNTERS = (
     ("engine_preemptions", "Requests preempted (recomputed later) for lack of pages.",
      "num_preemptions"),
 )
+# KV tiers (present only when the engine has them): per tier, counters then gauges
+TIER_COUNTERS = (
+    ("hit_tokens", "Prompt tokens loaded from the {tier} KV tier (part of prefix_cache_hits)"
+     ", tokens."),
+    ("stores", "Page groups stored into the {tier} KV tier."),
+    ("store_bytes", "Bytes stored into the {tier} KV tier."),
+    ("loads", "Page groups read from the {tier} KV tier."),
+    ("load_bytes", "Bytes read from the {tier} KV tier."),
+    ("evictions", "Pages evicted from the {tier} KV tier for its budget."),
+    ("failures", "Failed stores and reads of the {tier} KV tier."),
+    ("corrupt", "Entries of the {tier} KV tier that failed verification (removed; the "
+     "request recomputed)."),
+)
+TIER_GAUGES = (
+    ("pages", "Pages held by the {tier} KV tier."),
+    ("bytes_used", "Bytes used by the {tier} KV tier."),
+)
+TIER_STORE_COUNTERS = (
+    ("kv_tier_store_dropped", "KV tier stores dropped because the store queue was full.",
+     "tier_store_dropped"),
+    ("kv_tier_hits_skipped_slower", "KV tier hits not loaded because recompute was "
+     "estimated faster.", "tier_hits_skipped_slower"),
+)
+
 ENGINE_GAUGES = (
     ("kv_pages_total", "KV pool size, pages.", "pages_total"),
     ("kv_pages_free", "Free pages (hold nothing).", "pages_free"),
@@ -90,6 +114,18 @@ class EngineStatsCollector:
         for name, doc, key in ENGINE_GAUGES:
             if key in s:
                 yield GaugeMetricFamily(name, doc, value=float(s[key]))
+        for tier in ("host", "disk"):
+            for key, doc in TIER_COUNTERS:
+                if f"{tier}_tier_{key}" in s:
+                    yield CounterMetricFamily(f"{tier}_tier_{key}", doc.format(tier=tier),
+                                              value=float(s[f"{tier}_tier_{key}"]))
+            for key, doc in TIER_GAUGES:
+                if f"{tier}_tier_{key}" in s and f"{tier}_tier_stores" in s:
+                    yield GaugeMetricFamily(f"{tier}_tier_{key}", doc.format(tier=tier),
+                                            value=float(s[f"{tier}_tier_{key}"]))
+        for name, doc, key in TIER_STORE_COUNTERS:
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=float(s[key]))
 
 
 class ServerMetrics:

@@ -238,3 +238,21 @@ def test_write_through_stores_hit_pages(tmp_path):
 def test_bad_tier_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}: "):
         LLM("builtin:tiny", num_pages=8, **{field: value})
+
+
+def test_preemption_swaps_victim_pages_through_host_tier():
+    g = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    a, b = A[:81], B[:81]
+    outs, stats = [], []
+    for kw in ({}, {"host_cache_bytes": 1 << 22}):
+        llm = tiered(**kw) if kw else LLM("builtin:tiny", num_pages=POOL)
+        outs.append([o.outputs[0].token_ids for o in llm.generate(
+            [{"prompt_token_ids": a}, {"prompt_token_ids": b}], g)])
+        stats.append(llm.stats())
+    assert outs[0] == outs[1]
+    assert stats[0]["num_preemptions"] == stats[1]["num_preemptions"] == 1
+    loaded = stats[1]["host_tier_hit_tokens"]
+    assert loaded == 32  # the victim's published pages come back from host RAM
+    work = [s["prefill_tokens_computed"] + s["decode_tokens_computed"] for s in stats]
+    assert work[1] == work[0] - loaded
+    assert stats[1]["pages_live"] == 0
