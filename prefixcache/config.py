@@ -102,6 +102,12 @@ class EngineConfig:
             ``None`` publishes nothing.
         kv_events_replay_endpoint: ZeroMQ address of the replay socket (needs
             ``kv_events_endpoint``); ``None`` for no replay.
+        kv_store_url: the shared KV tier (L4), ``redis://HOST:PORT/DB`` (Redis or
+            Valkey); ``None`` for none (flag ``--kv-store``).
+        kv_store_ttl_s: lifetime of a page in the shared tier, seconds.
+        kv_store_timeout_s: time budget of every call to the shared tier, seconds.
+        kv_store_lock_wait_s: longest a request waits for another replica computing
+            the same cold prefix, seconds; ``0`` never waits.
         host_cache_bytes: byte budget of the host-RAM KV tier (L2); ``0`` turns it off.
         disk_cache_dir: directory of the disk KV tier (L3); ``None`` turns it off.
         disk_cache_bytes: byte budget of the disk tier (bytes of its files).
@@ -160,6 +166,16 @@ class EngineConfig:
     kv_events_replay_endpoint: str | None = field(default=None, metadata=_opt(
         "ZeroMQ address to bind for KV event replay (needs --kv-events-endpoint)",
         default="no replay"))
+    kv_store_url: str | None = field(default=None, metadata=_opt(
+        "shared KV tier (L4): redis://HOST:PORT/DB (Redis or Valkey)", default="none",
+        flag="--kv-store"))
+    kv_store_ttl_s: float = field(default=3600.0, metadata=_opt(
+        "lifetime of a page in the shared KV tier", "seconds"))
+    kv_store_timeout_s: float = field(default=0.1, metadata=_opt(
+        "time budget of every call to the shared KV tier", "seconds"))
+    kv_store_lock_wait_s: float = field(default=2.0, metadata=_opt(
+        "longest wait for another replica computing the same cold prefix (0: never)",
+        "seconds"))
 
     host_cache_bytes: int = field(default=0, metadata=_opt(
         "host-RAM KV tier (L2) budget, 0 for none", "bytes"))
@@ -215,6 +231,14 @@ class EngineConfig:
              f"must be cpu, cuda or cuda:N, got {self.device!r}")
         need(dev.type != "cuda" or torch.cuda.is_available(), "device",
              f"{self.device!r} asked for, but this torch build or machine has no CUDA")
+        need(self.kv_store_ttl_s > 0, "kv_store_ttl_s", f"must be > 0, got {self.kv_store_ttl_s}")
+        need(self.kv_store_timeout_s > 0, "kv_store_timeout_s",
+             f"must be > 0, got {self.kv_store_timeout_s}")
+        need(self.kv_store_lock_wait_s >= 0, "kv_store_lock_wait_s",
+             f"must be >= 0, got {self.kv_store_lock_wait_s}")
+        need(self.kv_store_url is None or self.kv_store_url.startswith(
+            ("redis://", "rediss://", "unix://", "valkey://")), "kv_store_url",
+             f"must be redis://HOST:PORT/DB, got {self.kv_store_url!r}")
         need(self.kv_events_replay_endpoint is None or bool(self.kv_events_endpoint),
              "kv_events_replay_endpoint", "needs kv_events_endpoint")
         need(-(1 << 63) <= self.seed < (1 << 64), "seed",

@@ -104,7 +104,7 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
             parser.add_argument(_NEGATED[f.name], dest=f.name, action="store_false",
                                 default=default, help=f"do not {f.metadata['help']}")
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
             if default:  # a switch can only turn a False default on
                 raise ValueError(f"defaults: {f.name} has no --no- flag; add it to _NEGATED")

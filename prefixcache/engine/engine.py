@@ -20,8 +20,10 @@ from collections.abc import Callable
 import torch
 
 from prefixcache.cache.manager import KVCacheManager
+from prefixcache.cache.tiers.redis_store import RedisTier
 from prefixcache.config import EngineConfig
 from prefixcache.engine.kv_events import KVEventPublisher
+from prefixcache.engine.kv_store import SharedKVStore
 from prefixcache.engine.kv_tiers import KVTiers, model_fingerprint
 from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
@@ -82,9 +84,19 @@ class LLMEngine:
                                     shuffle_seed=config.shuffle_seed)
         self.scheduler = Scheduler(config, self.cache, clock)
         self.tiers: KVTiers | None = None
-        if config.enable_prefix_caching and (config.host_cache_bytes or config.disk_cache_dir):
+        self.shared: SharedKVStore | None = None
+        if config.enable_prefix_caching and (config.host_cache_bytes or config.disk_cache_dir
+                                             or config.kv_store_url):
             self.tiers = KVTiers(config, self.cache, self.runner.kv, self.fingerprint)
             self.scheduler.extend_hit = self.tiers.extend_hit
+            if config.kv_store_url:
+                remote = RedisTier(config.kv_store_url, self.tiers.fingerprint,
+                                   ttl_s=config.kv_store_ttl_s,
+                                   timeout_s=config.kv_store_timeout_s)
+                self.tiers.add_remote(remote)
+                self.shared = SharedKVStore(config, self.cache, self.runner.kv, remote,
+                                            self.tiers.estimates)
+                self.scheduler.remote_wait = self.shared.should_wait
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
         self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
@@ -92,8 +104,9 @@ class LLMEngine:
                          "requests_aborted": 0}
         self._pending_outputs: list[RequestOutput] = []
         self.kv_events: KVEventPublisher | None = None
-        if config.kv_events_endpoint:
+        if config.kv_events_endpoint or self.shared is not None:
             self._event_log = self.cache.record_events()
+        if config.kv_events_endpoint:
             self.kv_events = KVEventPublisher(
                 config.kv_events_endpoint, config.kv_events_replay_endpoint,
                 model=self.loaded.model_id, medium="GPU" if self.device.type == "cuda" else "CPU")
@@ -171,6 +184,8 @@ class LLMEngine:
         req.freeze_cached()
         self.scheduler.remove(req)
         self.requests.pop(req.request_id, None)
+        if self.shared is not None:
+            self.shared.forget(req.request_id)
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -180,6 +195,8 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             self._send_events()
+            if self.shared is not None and self.shared.waiting and not outputs:
+                time.sleep(0.002)  # only followers of another replica: do not spin
             return outputs
         self.counters["steps"] += 1
         t0 = time.perf_counter()
@@ -197,9 +214,15 @@ class LLMEngine:
         return outputs + self._emit(result)
 
     def _send_events(self) -> None:
-        """Hand the step's index changes to the KV event publisher (queued, async)."""
+        """Hand the step's index changes to the KV event publisher and the shared tier's
+        store queue (both asynchronous)."""
+        if self.kv_events is None and self.shared is None:
+            return
+        events = self._event_log.drain()
         if self.kv_events is not None:
-            self.kv_events.publish(self._event_log.drain())
+            self.kv_events.publish(events)
+        if self.shared is not None and events:
+            self.shared.publish(events)
 
     def _fail(self, scheduled: list[ScheduledSeq], exc: Exception) -> list[RequestOutput]:
         """Publish nothing, withdraw the step's in-flight pages, finish its requests."""
@@ -247,12 +270,16 @@ class LLMEngine:
                  num_preemptions=self.scheduler.num_preemptions)
         if self.tiers is not None:
             d.update(self.tiers.stats())
+        if self.shared is not None:
+            d.update(self.shared.stats())
         return d
 
     def close(self) -> None:
         """Finish the queued KV tier stores and stop their worker, and close the KV
         event sockets (idempotent). The engine keeps serving from the pool alone
         afterwards."""
+        if self.shared is not None:
+            self.shared.close()  # before the tiers close their clients
         if self.tiers is not None and not self.tiers.closed:
             self.scheduler.extend_hit = None
             self.cache.set_evict_hook(None)

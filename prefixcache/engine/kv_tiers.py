@@ -83,6 +83,12 @@ class KVTiers:
         if not self.write_through:
             cache.set_evict_hook(self.write_back)
 
+    def add_remote(self, tier: Tier) -> None:
+        """Append a shared tier (L4) to the lookup chain. It is not in the write-back
+        queue: ``engine/kv_store.py`` stores into it at publication."""
+        self.tiers.append(tier)
+        self.hit_tokens[tier.name] = 0
+
     @property
     def dtype_name(self) -> str:
         return str(self.kv.dtype).removeprefix("torch.")
@@ -210,6 +216,8 @@ class KVTiers:
         d: dict[str, int | float] = {
             "host_tier_hit_tokens": self.hit_tokens.get("host", 0),
             "disk_tier_hit_tokens": self.hit_tokens.get("disk", 0),
+            **({"redis_tier_hit_tokens": self.hit_tokens["redis"]}
+               if "redis" in self.hit_tokens else {}),
             "tier_store_dropped": self.queue.dropped,
             "tier_store_pending": self.queue.pending,
             "tier_store_errors": self.queue.errors,

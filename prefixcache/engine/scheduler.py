@@ -71,6 +71,8 @@ class Scheduler:
         self.num_preemptions = 0
         # continues an admitted request's hit into the KV tiers (engine/kv_tiers.py)
         self.extend_hit: Callable[[PageTable], int] | None = None
+        # whether a waiting request waits for another replica's pages (engine/kv_store.py)
+        self.remote_wait: Callable[[Request], bool] | None = None
 
     # -- queue operations ------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -180,6 +182,8 @@ class Scheduler:
             follows = probe.next_owner in self.running
             if budget <= 0 and not follows:
                 continue
+            if not follows and self.remote_wait is not None and self.remote_wait(req):
+                continue  # another replica computes its cold prefix: stay waiting
             hit = len(probe.hit_pages) * self.cache.block_size
             n = min(len(req.all_token_ids) - hit, budget)
             pages = -(-(hit + n) // self.cache.block_size) - len(probe.hit_pages)

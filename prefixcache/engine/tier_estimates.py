@@ -52,7 +52,7 @@ class LoadEstimator:
         """The estimates in microseconds (``-1`` when not measured yet)."""
         out = {"est_prefill_us_per_token": _us(self.prefill_s_per_token),
                "tier_hits_skipped_slower": float(self.skipped_slower)}
-        for tier in ("host", "disk"):
+        for tier in ("host", "disk", "redis"):
             out[f"est_{tier}_load_us_per_page"] = _us(self.load_s_per_page.get(tier))
         return out
 

@@ -85,6 +85,17 @@ TIER_STORE_COUNTERS = (
     ("kv_tier_hits_skipped_slower", "KV tier hits not loaded because recompute was "
      "estimated faster.", "tier_hits_skipped_slower"),
 )
+# the shared tier (L4, Redis): what only a remote store has
+REDIS_COUNTERS = (
+    ("errors", "Calls to the shared KV tier that failed or ran past their time budget."),
+    ("store_seconds", "Wall time of stores into the shared KV tier, seconds."),
+    ("load_seconds", "Wall time of lookups and reads of the shared KV tier, seconds."),
+    ("published_pages", "Pages queued for the shared KV tier at publication."),
+    ("store_dropped", "Shared KV tier stores dropped because its queue was full."),
+    ("lock_waits", "Requests that waited for another replica computing their prefix."),
+    ("lock_wait_hits", "Such waits that ended with the other replica's pages in the store."),
+    ("lock_timeouts", "Such waits that ended without them (the request computed itself)."),
+)
 
 ENGINE_GAUGES = (
     ("kv_pages_total", "KV pool size, pages.", "pages_total"),
@@ -114,7 +125,7 @@ class EngineStatsCollector:
         for name, doc, key in ENGINE_GAUGES:
             if key in s:
                 yield GaugeMetricFamily(name, doc, value=float(s[key]))
-        for tier in ("host", "disk"):
+        for tier in ("host", "disk", "redis"):
             for key, doc in TIER_COUNTERS:
                 if f"{tier}_tier_{key}" in s:
                     yield CounterMetricFamily(f"{tier}_tier_{key}", doc.format(tier=tier),
@@ -126,6 +137,14 @@ class EngineStatsCollector:
         for name, doc, key in TIER_STORE_COUNTERS:
             if key in s:
                 yield CounterMetricFamily(name, doc, value=float(s[key]))
+        for key, doc in REDIS_COUNTERS:
+            if f"redis_tier_{key}" in s:
+                yield CounterMetricFamily(f"redis_tier_{key}", doc,
+                                          value=float(s[f"redis_tier_{key}"]))
+        if "redis_tier_degraded" in s:
+            yield GaugeMetricFamily("redis_tier_degraded", "1 while the shared KV tier is "
+                                    "degraded (a recent call failed; it is skipped).",
+                                    value=float(s["redis_tier_degraded"]))
 
 
 class ServerMetrics:
