@@ -20,6 +20,7 @@ from prefixcache.router.policy import (
     DEFAULT_BALANCE_ABS_TOKENS,
     DEFAULT_BALANCE_REL,
     DEFAULT_DECODE_WEIGHT,
+    MODES,
 )
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES
 
@@ -57,6 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="load ratio beyond which a replica can be overloaded")
     p.add_argument("--decode-weight", type=int, default=DEFAULT_DECODE_WEIGHT,
                    help="load of one running request, tokens")
+    p.add_argument("--policy", choices=MODES, default="cache_aware",
+                   help="cache_aware (pages to prefill + queued load) or round_robin "
+                        "(the baseline)")
     p.add_argument("--health-interval-s", type=float, default=1.0,
                    help="seconds between health checks of each replica")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
@@ -85,7 +89,8 @@ def build_router_app(args: argparse.Namespace):
     if not args.health_interval_s > 0:
         raise ValueError("--health-interval-s must be > 0")
     specs = [ReplicaSpec.parse(text) for text in args.replica]
-    policy = Policy(args.balance_abs_tokens, args.balance_rel, args.decode_weight)
+    policy = Policy(args.balance_abs_tokens, args.balance_rel, args.decode_weight,
+                    args.policy)
     index = PageIndex(args.max_index_pages, args.approx_ttl_s)
     auth = Authenticator.from_file(args.api_keys)
     check_port(args.host, args.port)

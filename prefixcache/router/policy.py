@@ -15,7 +15,8 @@ to shortest-queue, every other replica still competes on cost, so affinity holds
 imbalance. A replica that answered 429/503 sheds traffic for ``shed_s`` seconds.
 
 Ties (same cost) go to the least loaded, then round-robin, so misses at low concurrency
-spread instead of all landing on the first replica.
+spread instead of all landing on the first replica. ``mode="round_robin"`` ignores cost
+(every available replica in turn): the baseline the benchmarks compare against.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 DEFAULT_BALANCE_ABS_TOKENS = 2048
 DEFAULT_BALANCE_REL = 1.5
 DEFAULT_DECODE_WEIGHT = 16
+MODES = ("cache_aware", "round_robin")
 
 
 @dataclass
@@ -66,8 +68,11 @@ class Policy:
     balance_abs_tokens: int = DEFAULT_BALANCE_ABS_TOKENS
     balance_rel: float = DEFAULT_BALANCE_REL
     decode_weight: int = DEFAULT_DECODE_WEIGHT
+    mode: str = "cache_aware"
 
     def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.balance_abs_tokens < 0:
             raise ValueError(f"balance_abs_tokens must be >= 0, got {self.balance_abs_tokens}")
         if not self.balance_rel >= 1.0:
@@ -108,6 +113,9 @@ class Policy:
         n = len(loads)
         self._turn = (self._turn + 1) % n
         turn = self._turn
+        if self.mode == "round_robin":
+            best = min(cands, key=lambda i: (i - turn) % n)
+            return Decision(best, "balance", hit_tokens.get(best, 0), 0)
 
         def key(i: int) -> tuple[int, int, int]:
             load = self.load(loads[i])

@@ -122,9 +122,19 @@ def test_a_replica_that_goes_down_loses_its_entries_and_traffic():
     assert rs.route(doc, 8 * BS + 1, BS) is None
 
 
+def test_round_robin_mode_ignores_hits():
+    rs, _ = _set(3, mode="round_robin")
+    doc = _pages("doc3", n=8)
+    rs.apply_event(0, "stored", doc)
+    picks = [rs.route(doc, 8 * BS + 1, BS).decision.replica for _ in range(6)]
+    assert sorted(picks) == [0, 0, 1, 1, 2, 2]
+
+
 def test_bad_policy_and_replica_flags_name_the_parameter():
     with pytest.raises(ValueError, match="balance_rel"):
         Policy(balance_rel=0.5)
+    with pytest.raises(ValueError, match="mode"):
+        Policy(mode="random")
     with pytest.raises(ValueError, match="--replica"):
         ReplicaSpec.parse("127.0.0.1:8000")
     with pytest.raises(ValueError, match="--replica"):
