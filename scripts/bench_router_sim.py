@@ -169,10 +169,29 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[2].set_yscale("log")
-    axes[0].legend()
+    axes[0].legend(loc="center right")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def write_md(data: dict, path: Path, trace: str) -> None:
+    """The results table (markdown) of one trace."""
+    st = data["settings"]
+    lines = [f"# Offline routing replay: Mooncake `{trace}` trace", "",
+             f"Per replica an LRU pool of {st['pool_blocks']} blocks of 512 tokens; prefill "
+             f"{st['prefill_tok_s']:.0f} tok/s, shared-tier loads {st['load_tok_s']:.0f} "
+             f"tok/s; arrivals scaled to {st['util']:.0%} of the cluster's cold prefill "
+             f"capacity; shared tier bounded at {st['l4_blocks']} blocks. Produced by "
+             "`scripts/bench_router_sim.py` (deterministic: one run per cell).", "",
+             "| replicas | policy | hit rate | of which shared tier | imbalance (max/mean "
+             "queued) | TTFT p50 (s) | TTFT p99 (s) |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        lines.append(f"| {r['replicas']} | {r['policy']} | {100 * r['hit_rate']:.1f}% | "
+                     f"{100 * r['l4_hit_rate']:.1f}% | {r['imbalance_mean']:.2f} | "
+                     f"{r['ttft_p50_s']:.1f} | {r['ttft_p99_s']:.1f} |")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def main() -> int:
@@ -186,7 +205,17 @@ def main() -> int:
     p.add_argument("--util", type=float, default=0.7)
     p.add_argument("--limit", type=int, default=None, help="first N requests only")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "router"))
+    p.add_argument("--report-only", action="store_true",
+                   help="rewrite the markdown and plot from the saved JSON")
     args = p.parse_args()
+    out = Path(args.out)
+    stem = f"offline_{args.trace}"
+    if args.report_only:
+        data = json.loads((out / f"{stem}.json").read_text())
+        write_md(data, out / f"{stem}.md", args.trace)
+        n_req = data["settings"].get("limit") or len(load_trace(args.trace))
+        plot(data["rows"], out / f"{stem}.png", _title(args.trace, n_req, data["settings"]))
+        return 0
     reqs = load_trace(args.trace)[:args.limit]
     rows = []
     for n in args.replicas:
@@ -196,16 +225,18 @@ def main() -> int:
             row["sim_s"] = round(time.perf_counter() - t0, 2)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"offline_{args.trace}"
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    (out / f"{stem}.json").write_text(json.dumps({"settings": settings, "rows": rows},
-                                                 indent=1) + "\n")
-    plot(rows, out / f"{stem}.png",
-         f"Mooncake {args.trace} trace ({len(reqs)} requests), {args.pool_blocks}-block "
-         f"LRU pool per replica, load {args.util:.0%} of cold capacity")
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "report_only")}
+    data = {"settings": settings, "rows": rows}
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
+    write_md(data, out / f"{stem}.md", args.trace)
+    plot(rows, out / f"{stem}.png", _title(args.trace, len(reqs), settings))
     return 0
+
+
+def _title(trace: str, n_req: int, st: dict) -> str:
+    return (f"Mooncake {trace} trace ({n_req} requests), {st['pool_blocks']}-block LRU pool "
+            f"per replica, load {st['util']:.0%} of cold capacity")
 
 
 if __name__ == "__main__":
