@@ -3,8 +3,8 @@
     python scripts/bench_router_online.py [--model builtin:tiny] [--rounds 2]
         [--concurrency 4] [--out benchmarks/router]
 
-Configurations: ``round_robin`` (router --policy round_robin), ``cache_aware``, and
-``cache_aware+redis`` (replicas with ``--kv-store``). Each run starts a fresh redis-server,
+Configurations: ``round_robin`` (router --policy round_robin), ``cache_aware``, each also
+``+redis`` (replicas with ``--kv-store``). Each run starts a fresh redis-server,
 fresh replicas (``--kv-events-endpoint``) and a fresh router, then sends one mixed workload
 through the router: shared-prefix (users sharing a long system prompt), multi-turn
 (conversations whose next turn carries the previous ones) and agent (a tool spec plus a
@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = ("round_robin", "cache_aware", "cache_aware+redis")
+CONFIGS = ("round_robin", "round_robin+redis", "cache_aware", "cache_aware+redis")
 
 
 def free_port() -> int:
@@ -163,7 +163,7 @@ def run_config(config: str, args: argparse.Namespace, tmp: Path, seed: int) -> d
         rport = free_port()
         argv = [sys.executable, "-m", "prefixcache.cli", "router", "--model", args.model,
                 "--port", str(rport), "--log-level", "warning", "--policy",
-                "round_robin" if config == "round_robin" else "cache_aware"]
+                "round_robin" if config.startswith("round_robin") else "cache_aware"]
         for url, ev in replicas:
             argv += ["--replica", f"{url},events={ev}"]
         procs.append(start(argv, tmp / "router.log"))
@@ -190,7 +190,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            order = CONFIGS[r % 3:] + CONFIGS[:r % 3]
+            order = CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]
             for config in order:
                 row = run_config(config, args, Path(tmp), seed=r)
                 row["round"] = r
@@ -200,7 +200,31 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "online.json").write_text(json.dumps(
         {"settings": vars(args) | {"out": None}, "rows": rows}, indent=1) + "\n")
+    write_md(rows, out / "online.md", args)
     return 0
+
+
+def write_md(rows: list[dict], path: Path, args: argparse.Namespace) -> None:
+    """Mean over rounds, with the spread (min-max) of each figure."""
+    def cell(vals: list[float], fmt: str) -> str:
+        return f"{fmt.format(statistics.fmean(vals))} ({fmt.format(min(vals))}-" \
+               f"{fmt.format(max(vals))})"
+
+    lines = ["# Online: 2 replicas behind the router", "",
+             f"Model `{args.model}`, 1 compute thread per replica, {args.num_pages}-page pools, "
+             f"concurrency {args.concurrency}, 40 requests per run (12 shared-prefix users, 4 "
+             "conversations x 4 turns, 3 agents x 4 steps), 8 output tokens each; "
+             f"{args.rounds} interleaved rounds: mean (min-max). "
+             "Produced by `scripts/bench_router_online.py`.", "",
+             "| configuration | hit rate | TTFT p50 (s) | TTFT p99 (s) | requests/s |",
+             "|---|---:|---:|---:|---:|"]
+    for c in CONFIGS:
+        rs = [r for r in rows if r["config"] == c]
+        lines.append(f"| {c} | {cell([100 * r['hit_rate'] for r in rs], '{:.1f}%')} | "
+                     f"{cell([r['ttft_p50_s'] for r in rs], '{:.3f}')} | "
+                     f"{cell([r['ttft_p99_s'] for r in rs], '{:.2f}')} | "
+                     f"{cell([r['req_per_s'] for r in rs], '{:.2f}')} |")
+    path.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
