@@ -188,7 +188,7 @@ class EngineConfig:
         "write_through (when hit)"))
     tier_load_policy: str = field(default="auto", metadata=_opt(
         "auto (load a tier hit only when estimated faster than recompute) or always"))
-    tier_store_queue: int = field(default=64, metadata=_opt(
+    tier_store_queue: int = field(default=16, metadata=_opt(
         "bound of the KV tier store queue; stores beyond it are dropped", "page groups"))
 
     def __post_init__(self) -> None:

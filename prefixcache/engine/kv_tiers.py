@@ -39,7 +39,7 @@ from prefixcache.config import EngineConfig
 from prefixcache.engine.tier_estimates import LoadEstimator
 from prefixcache.model.kv_pool import KVPool
 
-GROUP_PAGES = 32  # pages per group written at shutdown
+GROUP_PAGES = 32  # most pages per stored group (one disk file)
 KV_LAYOUT_VERSION = 1  # bump when KVPool's page layout or export format changes
 
 
@@ -97,13 +97,14 @@ class KVTiers:
     def write_back(self, evicted: list[EvictedPage]) -> None:
         """Copy evicted pages not yet held by every tier out of the pool and queue them."""
         todo = [e for e in evicted if not all(t.contains(e.page_hash) for t in self.tiers)]
-        if todo:
-            self._submit([e.page for e in todo], [e.page_hash for e in todo],
-                         [_tokens(e.token_bytes) for e in todo])
+        for i in range(0, len(todo), GROUP_PAGES):
+            part = todo[i:i + GROUP_PAGES]
+            self._submit([e.page for e in part], [e.page_hash for e in part],
+                         [_tokens(e.token_bytes) for e in part])
 
     def write_back_cached(self) -> int:
         """Queue every cached-free page of the pool not yet in every tier (at shutdown, so
-        a restart hits). Returns the pages queued."""
+        a restart hits). Returns the groups queued."""
         index = self.cache.index
         todo = []
         for page in self.cache.pool.cached_pages():
@@ -111,8 +112,7 @@ class KVTiers:
             if h is not None and key is not None:
                 todo.append(EvictedPage(page, h, key[1]))
         before = self.queue.submitted
-        for i in range(0, len(todo), GROUP_PAGES):
-            self.write_back(todo[i:i + GROUP_PAGES])
+        self.write_back(todo)
         return self.queue.submitted - before
 
     def write_through_hits(self, pt: PageTable, first: int, last: int) -> None:

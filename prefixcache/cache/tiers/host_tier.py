@@ -97,7 +97,13 @@ class HostTier:
             s.pages, s.bytes_used = len(self._pages), self._used
             return s
 
-    def close(self) -> None:
+    def clear(self) -> int:
+        """Drop every page (not counted as evictions); returns how many were held."""
         with self._lock:
+            n = len(self._pages)
             self._pages.clear()
             self._used = 0
+            return n
+
+    def close(self) -> None:
+        self.clear()
