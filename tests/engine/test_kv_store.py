@@ -53,6 +53,8 @@ def test_a_prompt_cold_on_a_is_a_hit_on_b_and_not_for_another_tenant(url):
                 assert got[t].logprob == pytest.approx(want[t].logprob, abs=1e-4)
         s = b.engine.stats()
         assert s["redis_tier_hit_tokens"] == HIT and s["redis_tier_loads"] == 1
+        # what B loaded is not stored back (its prompt has no other full page)
+        assert s["redis_tier_published_pages"] == len(P) // 16 - HIT // 16
         assert run(b, P, tenant="bob").num_cached_tokens == 0  # another namespace
     finally:
         a.engine.close()

@@ -127,3 +127,20 @@ def test_503_when_no_replica_is_healthy_and_failover_when_one_is_down(replicas, 
         assert labelled(m, "router_upstream_errors_total", replica="0") == 1
     finally:
         router.stop()
+
+
+def test_chat_turns_follow_their_conversation(router):
+    messages = [{"role": "system", "content": unique_prompt(30)},
+                {"role": "user", "content": "first question " * 4}]
+    seen = []
+    for _turn in range(3):
+        r = httpx.post(router.base + "/v1/chat/completions", headers=ALICE, timeout=60,
+                       json={"model": "builtin:tiny", "messages": messages, "max_tokens": 2,
+                             "temperature": 0})
+        assert r.status_code == 200, r.text
+        seen.append((int(r.headers["x-prefixcache-replica"]),
+                     r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]))
+        messages += [r.json()["choices"][0]["message"],
+                     {"role": "user", "content": "and then? " * 4}]
+    assert len({replica for replica, _ in seen}) == 1  # affinity over turns
+    assert seen[0][1] == 0 and all(c > 0 for _, c in seen[1:])

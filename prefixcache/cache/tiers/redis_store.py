@@ -186,6 +186,7 @@ class RedisTier:
                 self._delete(h)
                 return None
             groups.append(g)
+        self._remember(hashes)  # loaded pages publish again: no need to store them back
         first = groups[0]
         payload = b"".join(g.payload for g in groups)
         with self._lock:
@@ -227,7 +228,7 @@ class RedisTier:
         return True
 
     def contains(self, page_hash: bytes) -> bool:
-        """Whether this process stored (or found) the page recently; no network call."""
+        """Whether this process stored (or loaded) the page recently; no network call."""
         with self._lock:
             return page_hash in self._known
 
