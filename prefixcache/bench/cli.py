@@ -30,6 +30,7 @@ from pathlib import Path
 from prefixcache.bench.runner import default_threads
 from prefixcache.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS, WorkloadConfig
 from prefixcache.engine.args import GIB, add_engine_args, positive_int
+from prefixcache.model.registry import DEFAULT_MODEL
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -52,11 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workload", default="all",
                    help=f"one of {', '.join(WORKLOADS)}, a comma-separated list, or 'all' "
                         f"({', '.join(DEFAULT_WORKLOADS)}, plus replay when --requests is given)")
-    g.add_argument("--model", default="bench",
-                   help="'bench' (build/reuse the random-weight benchmark Llama), "
-                        "a Hugging Face model directory, a registered name such as "
-                        "smollm2-135m-instruct-q4_1 or a .gguf file (every peer reads its "
-                        "dequantized float32 copy), or builtin:NAME (our engine only)")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"a registered name (default: {DEFAULT_MODEL}) or a .gguf file "
+                        "(every peer reads its dequantized float32 copy, llama.cpp an F32 "
+                        "GGUF of the same tensors), 'bench' (build/reuse the random-weight "
+                        "benchmark Llama), a Hugging Face model directory, or builtin:NAME "
+                        "(our engine only)")
     g.add_argument("--peers", default=",".join(PEER_NAMES), type=_csv,
                    help=f"comma-separated subset of {','.join(PEER_NAMES)} (default: all)")
     g.add_argument("--mode", default="all", choices=["offline", "serving", "all"],

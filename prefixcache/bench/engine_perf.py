@@ -30,9 +30,10 @@ from typing import Any
 import torch
 
 from prefixcache.engine.args import add_engine_args
+from prefixcache.model.registry import DEFAULT_MODEL
 
-DEFAULT_MODEL = "llama-60m-random"
-DEFAULT_MODEL_NAME = "Llama ~60M random (hidden 512, 8 layers, 8/4 heads, 1408, vocab 32000)"
+RANDOM_MODEL = "llama-60m-random"
+RANDOM_MODEL_NAME = "Llama ~60M random (hidden 512, 8 layers, 8/4 heads, 1408, vocab 32000)"
 BENCH_CONFIG: dict[str, Any] = dict(
     hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
     num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
@@ -43,7 +44,7 @@ def bench_model_dir(root: Path) -> Path:
     """Save (once) the random-weight ~60M Llama used by these benchmarks."""
     import transformers
 
-    path = root / DEFAULT_MODEL
+    path = root / RANDOM_MODEL
     if not (path / "config.json").exists():
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**BENCH_CONFIG))
@@ -232,10 +233,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        "cold burst, deterministic mode cost")
     p.add_argument("--suite", action="append", choices=sorted(SUITES),
                    help="suite to run (repeatable; default all)")
-    p.add_argument("--model", default=DEFAULT_MODEL, metavar="DIR",
-                   help=f"a Hugging Face model directory, or {DEFAULT_MODEL} (the random "
-                        "~60M Llama, saved once under --model-cache); default: "
-                        f"{DEFAULT_MODEL}")
+    p.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME|DIR",
+                   help="a registered name, a .gguf file, a Hugging Face model directory, "
+                        f"or {RANDOM_MODEL} (the random ~60M Llama, saved once under "
+                        f"--model-cache); default: {DEFAULT_MODEL}")
     add_engine_args(p, include=("dtype",))
     p.add_argument("--threads", type=int, default=2,
                    help="torch CPU threads of every engine measured; default: 2")
@@ -247,8 +248,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model == DEFAULT_MODEL:
-        model_dir, model_name = bench_model_dir(Path(args.model_cache)), DEFAULT_MODEL_NAME
+    if args.model == RANDOM_MODEL:
+        model_dir, model_name = bench_model_dir(Path(args.model_cache)), RANDOM_MODEL_NAME
     else:
         from prefixcache.model.registry import model_dir as resolve_dir
 

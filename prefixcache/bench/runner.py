@@ -26,8 +26,9 @@ from prefixcache.bench.fit import model_max_len as model_limit
 from prefixcache.bench.metrics import RunInfo, summarize
 from prefixcache.bench.peers import PEER_NAMES, PeerContext, PeerUnavailable, make_peer
 from prefixcache.bench.prompts import Prompt, TokenizerRenderer, label_warm_by_overlap
+from prefixcache.model.registry import DEFAULT_MODEL
 
-DEFAULT_MODEL = "bench"  # the random-weight Llama of bench_model.py
+BENCH_MODEL = "bench"  # the random-weight Llama of bench_model.py (still selectable)
 
 
 def default_threads() -> int:
@@ -41,7 +42,7 @@ def default_threads() -> int:
 @dataclass
 class BenchOptions:
     workloads: list[str]
-    model: str = DEFAULT_MODEL
+    model: str = DEFAULT_MODEL  # the real default model (the registry's)
     peers: list[str] = field(default_factory=lambda: list(PEER_NAMES))
     modes: list[str] = field(default_factory=lambda: ["offline", "serving"])
     concurrency: int = 4  # serving mode
@@ -115,7 +116,7 @@ def resolve_model(model: str) -> tuple[str, Path | None]:
         FileNotFoundError: not a model directory (no ``config.json``), or a registered
             model whose package is not installed (the message says how to install it).
     """
-    if model == DEFAULT_MODEL:
+    if model == BENCH_MODEL:
         from prefixcache.bench.bench_model import ensure_bench_model
 
         d = ensure_bench_model()
@@ -142,7 +143,7 @@ def describe_model(name: str, model_dir: Path | None) -> str:
     desc = (f"{c.architecture}, {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
             f"{c.num_attention_heads}/{c.num_key_value_heads} heads, "
             f"{c.intermediate_size} MLP, vocab {c.vocab_size}, context {c.context_length}")
-    if name == DEFAULT_MODEL:
+    if name == BENCH_MODEL:
         desc += "; random weights (the benchmark model)"
     elif is_converted(model_dir):
         desc += "; GGUF weights dequantized to float32 (the copy every peer reads)"

@@ -18,7 +18,7 @@ def parse(*argv):
 
 def test_defaults_and_sizes():
     a = parse()
-    assert a.workload == "all" and a.model == "bench" and a.mode == "all" and a.concurrency == 4
+    assert a.workload == "all" and a.model == "smollm2-135m-instruct-q4_1" and a.mode == "all" and a.concurrency == 4
     assert a.offline_concurrency == 1
     assert a.peers == ["prefixcache", "prefixcache-nocache", "transformers", "vllm", "llamacpp"]
     cfg = cli.workload_config(parse("--num-prefixes", "8", "--prefix-chars", "100:200",
@@ -84,7 +84,7 @@ def test_bench_engine_takes_a_model_dir(tmp_path):
     parser = argparse.ArgumentParser()
     engine_perf.add_parser(parser.add_subparsers(dest="command"))
     a = parser.parse_args(["bench-engine", "--dtype", "fp32"])
-    assert (a.model, a.dtype) == (engine_perf.DEFAULT_MODEL, "float32")
+    assert (a.model, a.dtype) == ("smollm2-135m-instruct-q4_1", "float32")
     a = parser.parse_args(["bench-engine", "--model", str(tmp_path), "--out", str(tmp_path)])
     with pytest.raises(FileNotFoundError, match=f"--model: no config.json in {tmp_path}"):
         engine_perf.run(a)

@@ -207,7 +207,7 @@ def test_readme_names_the_cache_folders_the_code_uses(monkeypatch):
     sub = argparse.ArgumentParser().add_subparsers()
     model_cache = engine_perf.add_parser(sub).parse_args([]).model_cache
     found = {"gguf": gguf_cache.cache_root(), "bench-model": bench_model.default_model_dir(),
-             engine_perf.DEFAULT_MODEL: Path(model_cache) / engine_perf.DEFAULT_MODEL}
+             engine_perf.RANDOM_MODEL: Path(model_cache) / engine_perf.RANDOM_MODEL}
     for name, path in found.items():
         assert path == home / ".cache" / "prefixcache" / name
         assert f"`~/.cache/prefixcache/{name}/`" in text, name
