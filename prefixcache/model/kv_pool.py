@@ -3,7 +3,8 @@
 Shape per layer: ``[num_pages, block_size, num_kv_heads, head_dim]``. Memory in bytes:
 ``2 * num_layers * num_pages * block_size * num_kv_heads * head_dim * dtype.itemsize``.
 Which page belongs to whom is decided by ``prefixcache.cache``; this module only holds
-the tensors.
+the tensors. :meth:`KVPool.export_pages` / :meth:`KVPool.import_pages` are the one way page
+contents leave and enter the pool (the KV tiers below it).
 """
 from __future__ import annotations
 
@@ -26,6 +27,50 @@ class KVPool:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_pages = num_pages
         self.block_size = block_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+
+    @property
+    def page_shape(self) -> tuple[int, ...]:
+        """Shape of one exported page: ``(2, num_layers, block_size, num_kv_heads,
+        head_dim)`` (K then V, layer by layer)."""
+        k = self.k[0]
+        return (2, len(self.k), k.shape[1], k.shape[2], k.shape[3])
+
+    def export_pages(self, page_ids: list[int]) -> torch.Tensor:
+        """Copy pages out of the pool: ``[len(page_ids), *page_shape]`` on the pool's
+        device, contiguous (page-major, so each page's bytes are one run).
+
+        Raises:
+            ValueError: ``page_ids`` is empty or holds an id outside ``[0, num_pages)``."""
+        idx = self._index(page_ids)
+        out = torch.empty((len(page_ids), *self.page_shape), dtype=self.dtype,
+                          device=self.device)
+        for layer, (kh, vh) in enumerate(zip(self.k, self.v)):
+            out[:, 0, layer] = kh.index_select(0, idx)
+            out[:, 1, layer] = vh.index_select(0, idx)
+        return out
+
+    def import_pages(self, page_ids: list[int], data: torch.Tensor) -> None:
+        """Write pages' contents (from :meth:`export_pages`, possibly on another device or
+        after a round trip through bytes) into pool pages ``page_ids``.
+
+        Raises:
+            ValueError: bad ``page_ids``, or ``data`` is not ``[len(page_ids), *page_shape]``
+                of the pool's dtype."""
+        idx = self._index(page_ids)
+        if tuple(data.shape) != (len(page_ids), *self.page_shape) or data.dtype != self.dtype:
+            raise ValueError(f"data: expected {(len(page_ids), *self.page_shape)} "
+                             f"{self.dtype}, got {tuple(data.shape)} {data.dtype}")
+        data = data.to(self.device, non_blocking=True)
+        for layer, (kh, vh) in enumerate(zip(self.k, self.v)):
+            kh.index_copy_(0, idx, data[:, 0, layer])
+            vh.index_copy_(0, idx, data[:, 1, layer])
+
+    def _index(self, page_ids: list[int]) -> torch.Tensor:
+        if not page_ids or min(page_ids) < 0 or max(page_ids) >= self.num_pages:
+            raise ValueError(f"page_ids: need ids in [0, {self.num_pages}), got {page_ids}")
+        return torch.tensor(page_ids, dtype=torch.long, device=self.device)
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,

@@ -211,6 +211,10 @@ async def health(request: Request) -> Response:
     if server.drain.draining:
         return _error_response(request, 503, error_body(
             "the server is shutting down", type=SERVER_ERROR, code="server_shutting_down"))
+    shared = getattr(server.engine.engine, "shared", None)
+    if shared is not None:  # the shared KV tier degrades hit rate, never availability
+        return JSONResponse({"status": "ok",
+                             "kv_store": "degraded" if shared.remote.degraded else "ok"})
     return JSONResponse({"status": "ok"})
 
 
