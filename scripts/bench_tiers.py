@@ -244,6 +244,17 @@ def render(res: dict[str, Any], out: Path) -> None:
                   f"- faults injected into disk reads: {r['injected']} ({r['by_kind']}); "
                   f"detected: {r['detected']}; outputs equal to the cold run: "
                   f"{r['outputs_equal_cold']}.", ""]
+    lines += ["## Notes", "",
+              "- Workload: 6 sessions x 4 turns (192-token system prompt, 64-token user "
+              "turns, 16-token answers), turn-major, so each session's context is evicted "
+              "from the 40-page pool before its next turn (working set about 4.8x the pool).",
+              "- Write amplification: bytes written to the tiers / bytes of KV evicted from "
+              "the pool (below 1 when evicted pages were already stored; both tiers and the "
+              "file headers count). Stores of pages a tier holds are skipped, not rewritten.",
+              "- TTFT rows are interleaved repeats (recompute: the two cold runs); the "
+              "workload configurations ran one after another, once each, on 2 CPU cores "
+              "shared with other jobs: compare them as ratios with care.",
+              "- Not measured here: vLLM-CPU with the same pool size; CUDA.", ""]
     (out / "results.md").write_text("\n".join(lines))
     if res.get("ttft"):
         import matplotlib
@@ -290,6 +301,11 @@ def main() -> None:
         render(json.loads((out / "results.json").read_text()), out)
         return
     res: dict[str, Any] = {"model": args.model, "args": vars(args)}
+    old = out / "results.json"
+    if args.skip and old.exists():  # keep the sections not re-run
+        kept = json.loads(old.read_text())
+        res |= {k: v for k, v in kept.items() if k not in ("model", "args")}
+        res["args_of_kept_sections"] = kept.get("args")
     if "ttft" not in args.skip:
         res["ttft"] = []
         for n in args.lengths:

@@ -151,28 +151,46 @@ class KVTiers:
                 or len(pt.chain_refs) != first or None in pt.chain_refs[-1:]):
             return 0
         hashes = cache.page_hashes(pt, limit)
-        plan: list[tuple[Tier, list[bytes]]] = []
-        pos = first
-        for tier in self.tiers:
-            n = tier.lookup_run(hashes[pos:limit])
-            if n:
-                plan.append((tier, hashes[pos:pos + n]))
-                pos += n
-        plan = self._worth_loading(plan)
-        total = sum(len(h) for _, h in plan)
+        # Read and verify first: allocating evicts pool pages, whose write-back may
+        # evict from the tiers the very pages planned here.
+        fetched: list[tuple[Tier, torch.Tensor, float]] = []
+        at = first
+        for tier, run in self._worth_loading(self._plan(hashes[first:limit])):
+            t0 = time.perf_counter()
+            data = self._fetch(pt, tier, run, at)
+            if data is None:
+                break
+            fetched.append((tier, data, time.perf_counter() - t0))
+            at += len(run)
+        total = at - first
         if not total or not cache.allocate(pt, total * bs):
             return 0
-        done = first
-        for tier, run in plan:
-            n = self._load_run(pt, tier, run, done)
-            done += n
-            if n < len(run):
+        at = first
+        for tier, data, seconds in fetched:
+            n = data.shape[0]
+            t0 = time.perf_counter()
+            self.kv.import_pages(pt.pages[at:at + n], data)
+            self.estimates.observe_load(tier.name, seconds + time.perf_counter() - t0, n)
+            self.hit_tokens[tier.name] += n * bs
+            at += n
+        cache.commit(pt, total * bs)
+        pt.num_cached_tokens += total * bs
+        return total * bs
+
+    def _plan(self, hashes: list[bytes]) -> list[tuple[Tier, list[bytes]]]:
+        """The leading pages any tier holds, each from the fastest tier holding it, as
+        runs of consecutive pages from one tier (host RAM may hold a chain's tail while
+        only the disk still holds its head)."""
+        plan: list[tuple[Tier, list[bytes]]] = []
+        for h in hashes:
+            tier = next((t for t in self.tiers if t.contains(h)), None)
+            if tier is None:
                 break
-        loaded = done - first
-        if loaded:
-            cache.commit(pt, loaded * bs)
-            pt.num_cached_tokens += loaded * bs
-        return loaded * bs
+            if plan and plan[-1][0] is tier:
+                plan[-1][1].append(h)
+            else:
+                plan.append((tier, [h]))
+        return plan
 
     def _worth_loading(self, plan: list[tuple[Tier, list[bytes]]]
                        ) -> list[tuple[Tier, list[bytes]]]:
@@ -184,26 +202,23 @@ class KVTiers:
             out.append((tier, run))
         return out
 
-    def _load_run(self, pt: PageTable, tier: Tier, run: list[bytes], at: int) -> int:
-        """Load ``run`` from ``tier`` into ``pt.pages[at:]``; returns the pages loaded (0
-        when the group is missing, fails verification, or its tokens differ)."""
+    def _fetch(self, pt: PageTable, tier: Tier, run: list[bytes], at: int
+               ) -> torch.Tensor | None:
+        """Pages ``run`` of ``tier`` as a ``[len(run), *page_shape]`` CPU tensor, for
+        positions ``at..`` of ``pt``; ``None`` when the group is missing, fails
+        verification, or holds other tokens or another layout."""
         bs = self.cache.block_size
-        t0 = time.perf_counter()
         group = tier.get(run)
-        want = tuple(tuple(pt.token_ids[(at + j) * bs:(at + j + 1) * bs])
-                     for j in range(len(run)))
         if group is None or group.dtype != self.dtype_name \
                 or group.page_shape != self.kv.page_shape:
-            return 0
+            return None
+        want = tuple(tuple(pt.token_ids[(at + j) * bs:(at + j + 1) * bs])
+                     for j in range(len(run)))
         if group.token_ids != want:
             self.token_mismatches += 1
-            return 0
+            return None
         data = torch.frombuffer(bytearray(group.payload), dtype=torch.uint8)
-        data = data.view(self.kv.dtype).view(len(run), *self.kv.page_shape)
-        self.kv.import_pages(pt.pages[at:at + len(run)], data)
-        self.estimates.observe_load(tier.name, time.perf_counter() - t0, len(run))
-        self.hit_tokens[tier.name] += len(run) * bs
-        return len(run)
+        return data.view(self.kv.dtype).view(len(run), *self.kv.page_shape)
 
     # -- introspection -----------------------------------------------------------------
     def flush(self) -> None:

@@ -8,6 +8,7 @@ give (so a tier never served a wrong, corrupt or foreign page), and at idle noth
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -139,5 +140,6 @@ class TierMachine(RuleBasedStateMachine):
 
 TierMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=40, deadline=None,
+    derandomize=os.environ.get("CI", "").lower() == "true",
     suppress_health_check=[HealthCheck.too_slow])
 TestTierStateful = TierMachine.TestCase

@@ -256,3 +256,22 @@ def test_preemption_swaps_victim_pages_through_host_tier():
     work = [s["prefill_tokens_computed"] + s["decode_tokens_computed"] for s in stats]
     assert work[1] == work[0] - loaded
     assert stats[1]["pages_live"] == 0
+
+
+def test_one_prefix_loads_from_host_and_disk_together(cold, tmp_path):
+    """Host RAM (8 pages) keeps the newest pages, the disk all of them: a chain whose head
+    only the disk still holds is read from both, each page from the fastest tier."""
+    page = 2 * 4 * 16 * 4 * 32 * 4  # the tiny model's page: K and V, 4 layers, fp32
+    llm = tiered(host_cache_bytes=8 * page, disk_cache_dir=str(tmp_path))
+    got = []
+    for name, p in (("A", A), ("B", B), ("A", A), ("B", B), ("A", A)):
+        before = llm.stats()
+        out = run(llm, p)
+        flush(llm)
+        same(out, cold[name])
+        s = llm.stats()
+        got.append((out.num_cached_tokens,
+                    s["host_tier_hit_tokens"] - before["host_tier_hit_tokens"],
+                    s["disk_tier_hit_tokens"] - before["disk_tier_hit_tokens"]))
+    assert got == [(0, 0, 0), (0, 0, 0), (144, 112, 0), (144, 112, 0), (144, 96, 16)]
+    assert llm.stats()["host_tier_bytes_used"] <= 8 * page
