@@ -46,6 +46,7 @@ class RequestSpec:
     cache_salt: str | None = None
     arrival_time: float | None = None
     index: int = 0
+    pin_ttl_s: float | None = None
 
 
 @dataclass(eq=False)

@@ -53,6 +53,7 @@ class Prepared:
     logprobs: int | None                       # top-k alternatives to return, or None
     cache_salt: str | None
     arrival: float
+    pin_ttl_s: float | None = None             # Messages cache_control TTL, seconds
 
 
 class ResponseRenderer:

@@ -74,8 +74,11 @@ class OpenAIServing:
         return await self._serve(prep, principal, request)
 
     async def chat(self, req: ChatCompletionRequest, principal: Principal, request: Request,
-                   arrival: float) -> Response:
+                   arrival: float, *, pin_ttl_s: float | None = None) -> Response:
+        """``pin_ttl_s``: how long the prompt's pages should stay cached (the Messages
+        route's ``cache_control``), seconds; ``None``: no pin."""
         prep = await self.prepare.chat(req, arrival)
+        prep.pin_ttl_s = pin_ttl_s
         return await self._serve(prep, principal, request)
 
     # -- running -----------------------------------------------------------------------
@@ -93,7 +96,7 @@ class OpenAIServing:
         specs = [RequestSpec(request_id=prep.request_id if n == 1 else f"{prep.request_id}-{i}",
                              prompt_token_ids=ids, params=prep.params, prompt=text,
                              tenant=principal.tenant, cache_salt=prep.cache_salt,
-                             arrival_time=prep.arrival, index=i)
+                             arrival_time=prep.arrival, index=i, pin_ttl_s=prep.pin_ttl_s)
                  for i, (ids, text) in enumerate(prep.prompts)]
         queue: asyncio.Queue = asyncio.Queue()
         try:
