@@ -42,7 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=8100, help="TCP port to listen on")
     p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="log threshold")
     return p
 
 

@@ -13,6 +13,7 @@ layer 2    the tenant's semantic cache, only when its policy enables it
 coalesce   one leader per key calls the upstream; followers wait for its
            answer, and one of them retries when it fails (:mod:`.singleflight`)
 shape      Anthropic breakpoints / OpenAI ``prompt_cache_key`` (:mod:`.shaping`);
+           for our engine and vLLM a ``cache_salt`` from the tenant (KV isolation);
            volatile prefixes and rewritten history counted (:mod:`.history`)
 store      only complete answers whose ``finish_reason`` the policy lists
            (default stop, length); never errors or broken streams
@@ -26,6 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefixcache.cache.hashing import blake2b_128, encode_parts
 from prefixcache.gateway import accounting as acct
 from prefixcache.gateway.completion import Completion, UpstreamError
 from prefixcache.gateway.exact import exact_key, is_sampled, semantic_scope
@@ -166,6 +168,8 @@ class Gateway:
 
     def _shape(self, tenant: str | None, kind: str, req: dict, upstream: Upstream) -> dict:
         out = dict(req)
+        if upstream.provider in ("prefixcache", "vllm") and tenant is not None:
+            out["cache_salt"] = tenant_salt(tenant, req.get("cache_salt"))
         if kind != "chat":
             return out
         found = self.history.observe(tenant, req)
@@ -254,6 +258,12 @@ class Gateway:
             aclose = getattr(items, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+def tenant_salt(tenant: str, client_salt: Any) -> str:
+    """The ``cache_salt`` sent to our engine (or vLLM): the gateway's tenant (and the
+    client's own salt) hashed, so tenants behind one gateway key never share KV pages."""
+    return blake2b_128(encode_parts("gateway-tenant", tenant, client_salt)).hex()
 
 
 def replay(comp: Completion, outcome: Outcome) -> AsyncIterator[str | Completion]:
