@@ -100,9 +100,25 @@ def _respond(client: str, outcome: Outcome, model: str, stream: bool) -> Respons
     if items is None:
         assert outcome.completion is not None
         items = replay(outcome.completion, outcome)
-    return StreamingResponse(render_stream(client, items, model, outcome.final),
-                             media_type="text/event-stream",
-                             headers={**headers, "Cache-Control": "no-cache"})
+    return _ClosingStream(render_stream(client, items, model, outcome.final), outcome.close,
+                          media_type="text/event-stream",
+                          headers={**headers, "Cache-Control": "no-cache"})
+
+
+class _ClosingStream(StreamingResponse):
+    """Runs ``on_close`` however the response ends (even when it never started), so a
+    forwarded stream always releases its upstream connection and single-flight slot."""
+
+    def __init__(self, content: Any, on_close: Any, **kw: Any):
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._on_close is not None:
+                await self._on_close()
 
 
 async def models(request: Request) -> Response:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,7 @@ class Outcome:
     usage: acct.NormalUsage | None = None
     stream: AsyncIterator[str | Completion] | None = None
     final: dict = field(default_factory=dict)  # {"usage", "layer"} once a stream ends
+    close: Callable[[], Awaitable[None]] | None = None  # ends a forwarded stream
 
 
 class Gateway:
@@ -114,8 +115,14 @@ class Gateway:
         if client == "chat" and not (isinstance(body.get("messages"), list)
                                      and body["messages"]):
             raise BadRequest(400, "messages must be a non-empty array", "messages")
-        if client == "completions" and "prompt" not in body:
-            raise BadRequest(400, "prompt is required", "prompt")
+        if client == "completions":
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str) and not (
+                    isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+                raise BadRequest(400, "prompt must be one string or one array of token ids "
+                                 "(the gateway serves one prompt per request)", "prompt")
+        if (body.get("n") or 1) != 1:
+            raise BadRequest(400, "the gateway serves n=1 only", "n")
         return client, body
 
     async def handle(self, tenant: str | None, client: str, body: Any) -> Outcome:
@@ -134,7 +141,11 @@ class Gateway:
             fut = self.flights.claim(key)
             if fut is None:
                 break
-            outcome = await asyncio.shield(fut)
+            try:  # never longer than computing it ourselves would take
+                outcome = await asyncio.wait_for(asyncio.shield(fut), upstream.spec.timeout_s)
+            except asyncio.TimeoutError:
+                return await self._forward(tenant, kind, req, upstream, stream, "miss", key,
+                                           lead=False)
             if outcome is not None:  # the leader's answer, stored or not
                 return self._hit(tenant, "exact", outcome)
         return await self._forward(tenant, kind, req, upstream, stream, "miss", key)
@@ -208,7 +219,11 @@ class Gateway:
                 await asyncio.to_thread(self.semantic.store, scope, text, comp.to_bytes())
 
     async def _forward(self, tenant: str | None, kind: str, req: dict, upstream: Upstream,
-                       stream: bool, layer: str, key: bytes | None) -> Outcome:
+                       stream: bool, layer: str, key: bytes | None, *, lead: bool = True
+                       ) -> Outcome:
+        """Call the upstream; ``key``: store the answer under it; ``lead``: this call is
+        the key's single-flight leader (it reports the outcome however it ends)."""
+        flight = key if lead else None
         try:
             shaped = self._shape(tenant, kind, req, upstream)
             if not stream:
@@ -216,30 +231,41 @@ class Gateway:
                 u = self._done(tenant, kind, req, key, comp)
                 if key is not None:
                     await self._store(tenant, req, key, comp)
-                    self.flights.finish(key, comp)
+                if flight is not None:
+                    self.flights.finish(flight, comp)
                 self.metrics.request(tenant, layer)
                 return Outcome(layer, comp, u)
             items = upstream.stream(kind, shaped)
             first = await items.__anext__()  # a failure before any text keeps its status
         except BaseException as exc:
-            if key is not None:
-                self.flights.finish(key, None)
+            if flight is not None:
+                self.flights.finish(flight, None)
             if isinstance(exc, UpstreamError):
                 self.metrics.request(tenant, "error")
             raise
         outcome = Outcome(layer)
-        outcome.stream = self._relay(tenant, kind, req, key, first, items, outcome)
+        state: dict = {}
+
+        async def close() -> None:  # idempotent; also runs when the relay never started
+            if state.get("done"):
+                return
+            state["done"] = True
+            if flight is not None:
+                self.flights.finish(flight, state.get("comp"))
+            await items.aclose()  # type: ignore[attr-defined]
+
+        outcome.close = close
+        outcome.stream = self._relay(tenant, kind, req, key, first, items, outcome, state)
         return outcome
 
     async def _relay(self, tenant: str | None, kind: str, req: dict, key: bytes | None,
                      first: str | Completion, items: AsyncIterator[str | Completion],
-                     outcome: Outcome) -> AsyncIterator[str | Completion]:
-        comp: Completion | None = None
+                     outcome: Outcome, state: dict) -> AsyncIterator[str | Completion]:
         try:
             item = first
             while True:
                 if isinstance(item, Completion):
-                    comp = item
+                    comp = state["comp"] = item
                     outcome.final["usage"] = self._done(tenant, kind, req, key, comp)
                     outcome.final["layer"] = outcome.layer
                     if key is not None:
@@ -253,11 +279,8 @@ class Gateway:
             self.metrics.request(tenant, "error")
             raise
         finally:
-            if key is not None:
-                self.flights.finish(key, comp)
-            aclose = getattr(items, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            assert outcome.close is not None
+            await outcome.close()
 
 
 def tenant_salt(tenant: str, client_salt: Any) -> str:

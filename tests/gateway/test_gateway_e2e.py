@@ -86,3 +86,21 @@ def test_the_gateway_serves_our_engine_in_both_wire_formats(engine, wire):
               else rb.json()["usage"]["cache_read_input_tokens"])
     assert cached == 0
     assert gw.metrics.tenants["alice"].upstream_calls == 1
+
+
+def test_the_gateway_serves_completions_from_our_engine(engine):
+    gw = make_gateway([("pc", engine.base, "prefixcache", ("tiny",))])
+    body = {"model": "tiny", "prompt": "completions through the gateway " * 4,
+            "max_tokens": 3, "temperature": 0}
+
+    async def go(c):
+        r1 = await c.post("/v1/completions", json=body, headers=A)
+        r2 = await c.post("/v1/completions", json={**body, "stream": True}, headers=A)
+        return r1, r2
+
+    r1, r2 = run(go, gw)
+    assert r1.status_code == 200 and r1.json()["object"] == "text_completion"
+    assert r1.json()["usage"]["completion_tokens"] == 3
+    text = "".join(c["choices"][0]["text"] for c in sse_data(r2.text) if c.get("choices"))
+    assert r2.headers["x-prefixcache-cache"] == "exact"
+    assert text == r1.json()["choices"][0]["text"]

@@ -84,3 +84,32 @@ def test_bad_input_names_the_parameter(emulators):
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
     assert nokey.status_code == 401 and nokey.json()["error"]["code"] == "invalid_api_key"
     assert badrole.status_code == 400 and badrole.json()["type"] == "error"
+
+
+def test_a_stream_dropped_before_it_starts_releases_its_flight(emulators):
+    emu, url = emulators("openai")
+    gw = make_gateway([("oa", url, "openai", (M,))])
+
+    async def go(c):
+        out = await gw.handle("alice", "chat", chat(M, "drop", stream=True))
+        assert len(gw.flights) == 1 and out.close is not None
+        await out.close()  # the client went away: the relay never ran
+        assert len(gw.flights) == 0 and len(gw.store) == 0
+        again = await c.post("/v1/chat/completions", json=chat(M, "drop"), headers=A)
+        return again
+
+    again = run(go, gw)
+    assert again.headers["x-prefixcache-cache"] == "miss" and emu.calls == 2
+
+
+def test_requests_for_several_answers_are_refused_naming_the_field(emulators):
+    _, url = emulators("openai")
+
+    async def go(c):
+        return (await c.post("/v1/chat/completions", json=chat(M, "x", n=2), headers=A),
+                await c.post("/v1/completions", json={"model": M, "prompt": ["a", "b"]},
+                             headers=A))
+
+    n2, many = run(go, make_gateway([("oa", url, "openai", (M,))]))
+    assert (n2.status_code, n2.json()["error"]["param"]) == (400, "n")
+    assert (many.status_code, many.json()["error"]["param"]) == (400, "prompt")
