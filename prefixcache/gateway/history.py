@@ -13,7 +13,8 @@ grow by appending: turn N+1's messages start with turn N's messages and the answ
 gateway returned. When an earlier message differs (reasoning stripped from an assistant
 message, a tool result edited or truncated), the upstream recomputes everything from
 there: the estimated tokens of the old conversation from the first changed message on
-are counted per session and tenant.
+are counted per session and tenant. A request whose only new difference is its last
+message (the user edited the latest turn: a branch) is not counted.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from prefixcache.gateway.shaping import estimate_tokens
 log = logging.getLogger(__name__)
 HEAD_CHARS = 2048
 MIN_SHARED_CHARS = 64
+MAX_SPAN_CHARS = 64
 _DIGIT = re.compile(r"\d")
 
 
@@ -45,18 +47,24 @@ def _chars(text: str) -> np.ndarray:
 
 
 def volatile_span(prev: str, cur: str, head_chars: int = HEAD_CHARS) -> str | None:
-    """The divergent span of ``cur`` when it and ``prev`` diverge within ``head_chars``
-    on text holding a digit and share at least 64 characters after it; else ``None``."""
+    """The divergent value of ``cur`` when it and ``prev`` diverge within ``head_chars``
+    on a short replaced value (at most 64 characters each side) holding a digit, and share
+    at least 64 characters right after it; else ``None``."""
     a, b = _chars(prev), _chars(cur)
     d = lcp(a, b)
     if d >= min(head_chars, len(a), len(b)):
         return None
-    found = realign(a, b, d, window=256, min_shared=MIN_SHARED_CHARS)
+    found = realign(a, b, d, window=MAX_SPAN_CHARS, min_shared=MIN_SHARED_CHARS)
     if found is None:
         return None
-    _, j, _ = found
-    span = cur[max(0, d - 8):d + j]
-    return span if _DIGIT.search(cur[d:d + max(j, 1)]) or _DIGIT.search(span) else None
+    i, j, _ = found
+    if not (0 < i <= MAX_SPAN_CHARS and 0 < j <= MAX_SPAN_CHARS):
+        return None  # an insertion or a long rewrite, not a changing value
+    start = d
+    while start > 0 and cur[start - 1].isalnum():  # the whole value: "10:52", not "52"
+        start -= 1
+    span = cur[start:d + j]
+    return span if _DIGIT.search(span) else None
 
 
 def _flat(m: dict) -> str:
@@ -94,7 +102,7 @@ class HistoryWatch:
             flat = [_flat(m) for m in msgs]
             if old is not None:
                 k = next((i for i, (x, y) in enumerate(zip(old, flat)) if x != y), None)
-                if k is not None and len(flat) > k:
+                if k is not None and k < len(flat) - 1:  # not just a new branch
                     found.rewritten_tokens = sum(estimate_tokens(s) for s in old[k:])
             self._remember(self._sessions, session, flat)
         return found

@@ -76,13 +76,15 @@ class Outcome:
 
 class Gateway:
     def __init__(self, upstreams: list[Upstream], store: Any, *,
-                 policies: dict[str, TenantPolicy] | None = None, semantic: Any = None):
+                 policies: dict[str, TenantPolicy] | None = None, semantic: Any = None,
+                 shape: bool = True):
         from prefixcache.gateway.singleflight import SingleFlight
 
         self.upstreams = upstreams
         self.store = store
         self.policies = policies or {}
         self.semantic = semantic
+        self.shape = shape  # False: forward unshaped (to measure what shaping gains)
         self.flights = SingleFlight()
         self.metrics = GatewayMetrics()
         self.history = HistoryWatch()
@@ -186,6 +188,9 @@ class Gateway:
         found = self.history.observe(tenant, req)
         self.metrics.breaker(tenant, found.volatile_span is not None, found.rewritten_tokens)
         if upstream.provider == "anthropic":
+            if not self.shape:
+                out["_messages"] = wire.chat_to_messages(req)
+                return out
             try:
                 msg = wire.chat_to_messages(req)
             except (wire.WireError, ValueError) as exc:
@@ -194,7 +199,7 @@ class Gateway:
             place_breakpoints(msg, self.reuse.ttl(tenant, req),
                               min_cacheable_tokens(str(req.get("model"))))
             out["_messages"] = msg
-        elif upstream.provider == "openai" and "prompt_cache_key" not in out:
+        elif upstream.provider == "openai" and self.shape and "prompt_cache_key" not in out:
             out["prompt_cache_key"] = prompt_cache_key(tenant, req)
         return out
 

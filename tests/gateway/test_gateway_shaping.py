@@ -166,3 +166,24 @@ def test_rewritten_history_counts_the_tokens_to_recompute():
         "assistant\x00<think>long reasoning</think> the answer\x00None",
         "user\x00second\x00None", "assistant\x00reply two\x00None"))
     assert w.observe("a", stripped).rewritten_tokens == expected
+
+
+def test_editing_only_the_latest_turn_is_a_branch_not_a_rewrite():
+    w = HistoryWatch()
+    turn = chat("m", "first", system="S")
+    w.observe("a", turn)
+    w.answered("a", turn, "one")
+    nxt = {**turn, "messages": [*turn["messages"], {"role": "assistant", "content": "one"},
+                                {"role": "user", "content": "second"}]}
+    w.observe("a", nxt)
+    edited = {**nxt, "messages": [*nxt["messages"][:-1], {"role": "user", "content": "2nd"}]}
+    assert w.observe("a", edited).rewritten_tokens == 0
+
+
+def test_a_reworded_question_is_not_a_volatile_prefix():
+    q = "what is the best programming language for 2023 and why do people like it so much"
+    assert volatile_span(f"S. {q}", f"S. Could you help with this: {q}") is None
+    uuid_a = "Session 3f1c2a9e-8b7d-4c6e-9f00-1a2b3c4d5e6f. "
+    uuid_b = "Session 9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b. "
+    rest = "Answer as the ACME support agent, politely and briefly, citing policy. " * 2
+    assert volatile_span(uuid_a + rest, uuid_b + rest).startswith("9e8d7c6b")
