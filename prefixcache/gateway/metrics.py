@@ -40,6 +40,10 @@ class TenantStats:
     cost_without_prefix: float = 0.0
 
 
+def _label(tenant: str | None) -> str:
+    return "(single-tenant)" if tenant is None else tenant
+
+
 def _new() -> TenantStats:
     return TenantStats(requests={k: 0 for k in LAYERS})
 
@@ -60,13 +64,13 @@ class GatewayMetrics:
                                  ["tenant", "kind"], registry=self.registry)
 
     def request(self, tenant: str | None, layer: str) -> None:
-        t = str(tenant)
+        t = _label(tenant)
         self.tenants[t].requests[layer] += 1
         self._requests.labels(t, layer).inc()
 
     def upstream(self, tenant: str | None, u: NormalUsage, cost: float, uncached: float
                  ) -> None:
-        t = str(tenant)
+        t = _label(tenant)
         s = self.tenants[t]
         s.upstream_calls += 1
         for kind, n in (("uncached", u.uncached), ("cache_read", u.cache_read),
@@ -79,12 +83,12 @@ class GatewayMetrics:
 
     def saved(self, tenant: str | None, u: NormalUsage, cost: float, uncached: float) -> None:
         """A layer-1/2 hit: the upstream call (of usage ``u``) that was not made."""
-        t = str(tenant)
+        t = _label(tenant)
         self.tenants[t].tokens_saved += u.prompt + u.output
         self._add_cost(t, 0.0, cost, uncached)
 
     def breaker(self, tenant: str | None, volatile: bool, rewritten_tokens: int) -> None:
-        t = str(tenant)
+        t = _label(tenant)
         if volatile:
             self.tenants[t].volatile_prefixes += 1
             self._breakers.labels(t, "volatile_prefix").inc()
@@ -105,7 +109,7 @@ class GatewayMetrics:
     def stats(self, tenant: str | None, admin: bool) -> dict:
         if admin:
             return {t: asdict(s) for t, s in sorted(self.tenants.items())}
-        t = str(tenant)
+        t = _label(tenant)
         return {t: asdict(self.tenants[t])}
 
     def render(self) -> bytes:
