@@ -41,7 +41,8 @@ from prefixcache.bench.datasets import (  # noqa: E402
 from prefixcache.gateway.app import create_app, make_client  # noqa: E402
 from prefixcache.gateway.emulator import Emulator  # noqa: E402
 from prefixcache.gateway.exact import exact_key  # noqa: E402
-from prefixcache.gateway.service import Gateway, TenantPolicy  # noqa: E402
+from prefixcache.gateway.policy import TenantPolicy  # noqa: E402
+from prefixcache.gateway.service import Gateway  # noqa: E402
 from prefixcache.gateway.store import MemoryStore  # noqa: E402
 from prefixcache.gateway.upstreams import Upstream, UpstreamSpec  # noqa: E402
 from prefixcache.server.auth import Authenticator  # noqa: E402

@@ -23,7 +23,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from prefixcache.gateway.completion import UpstreamError
 from prefixcache.gateway.render import error_json, render_json, render_stream
-from prefixcache.gateway.service import BadRequest, Gateway, Outcome, replay
+from prefixcache.gateway.requests import BadRequest
+from prefixcache.gateway.service import Gateway, Outcome, replay
 from prefixcache.server.auth import Authenticator, Principal
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, read_body
 from prefixcache.server.errors import APIError

@@ -49,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def load_policies(path: str | None):
     """Read ``--tenant-policy``. Raises ValueError naming the tenant and field."""
-    from prefixcache.gateway.service import TenantPolicy
+    from prefixcache.gateway.policy import TenantPolicy
 
     if path is None:
         return {}

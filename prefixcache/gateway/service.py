@@ -27,39 +27,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixcache.cache.hashing import blake2b_128, encode_parts
 from prefixcache.gateway import accounting as acct
 from prefixcache.gateway.completion import Completion, UpstreamError
 from prefixcache.gateway.exact import exact_key, is_sampled, semantic_scope
 from prefixcache.gateway.history import HistoryWatch
 from prefixcache.gateway.metrics import GatewayMetrics
+from prefixcache.gateway.policy import TenantPolicy
+from prefixcache.gateway.requests import BadRequest, canonical
 from prefixcache.gateway.shaping import (
     ReuseClock,
     min_cacheable_tokens,
     place_breakpoints,
     prompt_cache_key,
+    tenant_salt,
 )
 from prefixcache.gateway.upstreams import Upstream
 from prefixcache.server import anthropic_wire as wire
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TenantPolicy:
-    """A tenant's cache settings (``--tenant-policy FILE``: ``{tenant: {...}}``, ``"*"``
-    for the default)."""
-
-    cache_ttl_s: float = 3600.0
-    cache_sampled: bool = False
-    semantic: bool = False
-    store_finish_reasons: tuple[str, ...] = ("stop", "length")
-
-
-class BadRequest(ValueError):
-    def __init__(self, status: int, message: str, param: str | None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
 
 
 @dataclass
@@ -104,32 +89,9 @@ class Gateway:
                 return u
         raise BadRequest(404, f"no upstream serves model {model!r}", "model", "model_not_found")
 
-    @staticmethod
-    def canonical(client: str, body: Any) -> tuple[str, dict]:
-        """``(kind, chat-or-completions body)``. Raises BadRequest."""
-        if not isinstance(body, dict):
-            raise BadRequest(400, "the request body must be a JSON object", None)
-        if client == "messages":
-            try:
-                return "chat", wire.messages_to_chat(body)
-            except wire.WireError as exc:
-                raise BadRequest(400, str(exc), exc.param) from None
-        if client == "chat" and not (isinstance(body.get("messages"), list)
-                                     and body["messages"]):
-            raise BadRequest(400, "messages must be a non-empty array", "messages")
-        if client == "completions":
-            prompt = body.get("prompt")
-            if not isinstance(prompt, str) and not (
-                    isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
-                raise BadRequest(400, "prompt must be one string or one array of token ids "
-                                 "(the gateway serves one prompt per request)", "prompt")
-        if (body.get("n") or 1) != 1:
-            raise BadRequest(400, "the gateway serves n=1 only", "n")
-        return client, body
-
     async def handle(self, tenant: str | None, client: str, body: Any) -> Outcome:
         """Serve one request. Raises BadRequest, or UpstreamError before any answer."""
-        kind, req = self.canonical(client, body)
+        kind, req = canonical(client, body)
         upstream = self.route(req.get("model"))
         stream = bool(body.get("stream"))
         policy = self.policy(tenant)
@@ -286,12 +248,6 @@ class Gateway:
         finally:
             assert outcome.close is not None
             await outcome.close()
-
-
-def tenant_salt(tenant: str, client_salt: Any) -> str:
-    """The ``cache_salt`` sent to our engine (or vLLM): the gateway's tenant (and the
-    client's own salt) hashed, so tenants behind one gateway key never share KV pages."""
-    return blake2b_128(encode_parts("gateway-tenant", tenant, client_salt)).hex()
 
 
 def replay(comp: Completion, outcome: Outcome) -> AsyncIterator[str | Completion]:

@@ -17,6 +17,7 @@ seen more than 5 minutes ago (a 5-minute entry would have expired), else ``"5m"`
 
 OpenAI: ``prompt_cache_key`` = BLAKE2b-128 of the tenant and the stable prefix (system
 prompt and tools), hex, so one tenant's requests with the same prefix are routed alike.
+Our engine and vLLM: ``cache_salt`` from the tenant (:func:`tenant_salt`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import math
 import time
 from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 from prefixcache.analyze.pricing import PriceSheetError, load_sheet
 from prefixcache.cache.hashing import blake2b_128, encode_parts
@@ -132,3 +134,9 @@ class ReuseClock:
         if len(self._seen) > self.max_entries:
             self._seen.pop(next(iter(self._seen)))
         return "1h" if last is not None and now - last > FIVE_MIN_S else "5m"
+
+
+def tenant_salt(tenant: str, client_salt: Any) -> str:
+    """The ``cache_salt`` sent to our engine (or vLLM): the gateway's tenant (and the
+    client's own salt) hashed, so tenants behind one gateway key never share KV pages."""
+    return blake2b_128(encode_parts("gateway-tenant", tenant, client_salt)).hex()

@@ -12,7 +12,8 @@ import uvicorn
 
 from prefixcache.gateway.app import create_app, make_client
 from prefixcache.gateway.emulator import Emulator
-from prefixcache.gateway.service import Gateway, TenantPolicy
+from prefixcache.gateway.policy import TenantPolicy
+from prefixcache.gateway.service import Gateway
 from prefixcache.gateway.store import MemoryStore
 from prefixcache.gateway.upstreams import Upstream, UpstreamSpec
 from prefixcache.server.auth import Authenticator

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from prefixcache.gateway.service import TenantPolicy
+from prefixcache.gateway.policy import TenantPolicy
 from tests.gateway.conftest import A, B, chat, make_gateway, run, sse_data
 
 M = "gpt-4.1"

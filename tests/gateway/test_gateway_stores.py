@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from prefixcache.gateway.service import TenantPolicy
+from prefixcache.gateway.policy import TenantPolicy
 from prefixcache.gateway.store import MemoryStore, RedisStore, open_store
 from tests.gateway.conftest import A, B, chat, make_gateway, run
 from tests.server.live import free_port
