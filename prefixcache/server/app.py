@@ -249,7 +249,10 @@ async def messages(request: Request) -> Response:
     except APIError as exc:
         server.metrics.reject(exc.status)
         return error_response(exc)
-    return await serve_messages(server.serving, raw, principal, request, arrival)
+    response = await serve_messages(server.serving, raw, principal, request, arrival)
+    if response.status_code >= 400 and response.status_code != 499:
+        server.metrics.reject(response.status_code)
+    return response
 
 
 async def prometheus_metrics(request: Request) -> Response:
