@@ -130,15 +130,19 @@ def test_the_semantic_layer_is_opt_in_scoped_and_tenant_safe(emulators):
 
     async def go(c):
         out = []
-        for h, q, s in ((A, "Refund window?", "S"), (A, "refund WINDOW?", "S"),
-                        (A, "refund window?", "other system"), (B, "refund window?", "S")):
-            r = await c.post("/v1/chat/completions", json=chat(M, q, system=s), headers=h)
+        tool = [{"type": "function", "function": {"name": "refund", "parameters": {}}}]
+        for h, q, s, kw in ((A, "Refund window?", "S", {}), (A, "refund WINDOW?", "S", {}),
+                            (A, "refund window?", "other system", {}),
+                            (A, "refund window?", "S", {"tools": tool}),
+                            (B, "refund window?", "S", {})):
+            r = await c.post("/v1/chat/completions", json=chat(M, q, system=s, **kw),
+                             headers=h)
             out.append(r.headers["x-prefixcache-cache"])
         return out
 
-    assert run(go, gw) == ["miss", "semantic", "miss", "miss"]
-    assert emu.calls == 3
-    assert len({scope for scope, _ in sem.lookups}) == 3  # alice S, alice other, bob S
+    assert run(go, gw) == ["miss", "semantic", "miss", "miss", "miss"]
+    assert emu.calls == 4
+    assert len({scope for scope, _ in sem.lookups}) == 4  # S, other system, tools, bob
     off = make_gateway([("oa", url, "openai", (M,))], semantic=StubSemantic())
     run(lambda c: c.post("/v1/chat/completions", json=chat(M, "q"), headers=A), off)
     assert off.semantic.lookups == []
