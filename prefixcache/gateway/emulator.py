@@ -21,6 +21,8 @@ Faults for tests: :attr:`Emulator.faults` is a list of modes consumed one per re
 ``"500"`` (an error answer), ``"timeout"`` (no answer for ``hang_s``), ``"disconnect"``
 (a stream broken after its first delta), ``"truncate"`` (a stream that ends without its
 final event). Every request body is kept in :attr:`Emulator.bodies`.
+
+Run one: ``python -m prefixcache.gateway.emulator --provider anthropic --port 8200``.
 """
 from __future__ import annotations
 
@@ -224,3 +226,23 @@ def _breakpoints(body: dict):
 
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m prefixcache.gateway.emulator --provider anthropic --port 8200``."""
+    import argparse
+
+    import uvicorn
+
+    p = argparse.ArgumentParser(description="an emulated provider API (tests, benchmarks)")
+    p.add_argument("--provider", choices=["openai", "deepseek", "anthropic"], required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8200)
+    args = p.parse_args(argv)
+    uvicorn.run(Emulator(args.provider).app, host=args.host, port=args.port,
+                log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
