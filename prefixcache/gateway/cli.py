@@ -39,6 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="'memory' (an in-process LRU) or redis://host:port/db")
     p.add_argument("--cache-entries", type=int, default=10_000, metavar="N",
                    help="entries of the in-process LRU")
+    p.add_argument("--semantic-threshold", type=float, default=None, metavar="COSINE",
+                   help="layer 2's cosine threshold in (0, 1] (default: the semantic "
+                        "cache's own, strict)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=8100, help="TCP port to listen on")
     p.add_argument("--log-level", default="info",
@@ -90,12 +93,7 @@ def build_app(args: argparse.Namespace):
     auth = Authenticator.from_file(args.api_keys)
     semantic = None
     if any(p.semantic for p in policies.values()):
-        try:
-            from prefixcache.gateway.semantic.cache import SemanticCache
-        except ImportError:
-            raise ValueError("--tenant-policy enables 'semantic', but the semantic layer "
-                             "(prefixcache.gateway.semantic) is not installed") from None
-        semantic = SemanticCache()
+        semantic = _semantic_cache(args)
     if args.cache_entries < 1:
         raise ValueError("--cache-entries must be >= 1")
     check_port(args.host, args.port)
@@ -104,6 +102,20 @@ def build_app(args: argparse.Namespace):
                       open_store(args.cache_store, args.cache_entries),
                       policies=policies, semantic=semantic)
     return create_app(gateway, auth)
+
+
+def _semantic_cache(args: argparse.Namespace):
+    """Layer 2 (only when a tenant enables it): MiniLM embeddings, persisted in the Redis
+    of ``--cache-store`` when there is one."""
+    try:
+        from prefixcache.gateway.semantic.cache import SemanticCache
+        from prefixcache.gateway.semantic.embedder import MiniLMEmbedder
+    except ImportError:
+        raise ValueError("--tenant-policy enables 'semantic', but the semantic layer "
+                         "(prefixcache.gateway.semantic) is not installed") from None
+    redis_url = args.cache_store if args.cache_store != "memory" else None
+    kw = {} if args.semantic_threshold is None else {"threshold": args.semantic_threshold}
+    return SemanticCache(MiniLMEmbedder(), redis_url=redis_url, **kw)
 
 
 def run(args: argparse.Namespace) -> int:
