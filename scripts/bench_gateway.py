@@ -92,16 +92,35 @@ async def replay(client: httpx.AsyncClient, key: str, model: str, system: str,
                 raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
             d = r.json()
             rows.append({"pass": label, "dataset": dataset, "layer": d["usage"]["cache_layer"],
+                         "reworded": reword and last,
                          "ms": ms, "prompt": d["usage"]["prompt_tokens"],
                          "cached": d["usage"]["prompt_tokens_details"]["cached_tokens"]})
             msgs.append({"role": "assistant", "content": d["choices"][0]["message"]["content"]})
 
 
-def gateway_for(url: str, provider: str, model: str, shape: bool = True) -> Gateway:
+class TimedSemantic:
+    """A SemanticCache that records every lookup's embed / index / verify milliseconds."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self.timings: list = []
+
+    def lookup(self, scope: bytes, text: str):
+        found = self.cache.search(scope, text)
+        self.timings.append(found.timings)
+        return found.hit
+
+    def store(self, scope: bytes, text: str, value: bytes) -> None:
+        self.cache.store(scope, text, value)
+
+
+def gateway_for(url: str, provider: str, model: str, shape: bool = True,
+                semantic: TimedSemantic | None = None) -> Gateway:
     client = make_client()
     return Gateway([Upstream(UpstreamSpec(provider, url, provider, (model,), timeout_s=120),
                              client)], MemoryStore(),
-                   policies={"*": TenantPolicy()}, shape=shape)
+                   policies={"*": TenantPolicy(semantic=semantic is not None)}, shape=shape,
+                   semantic=semantic)
 
 
 async def run_pass_set(gw: Gateway, key: str, keys: dict, model: str, system: str,
@@ -134,10 +153,16 @@ def summarise(rows: list[dict]) -> dict:
     out: dict = {}
     for label in ("cold", "repeat", "paraphrase"):
         rs = [r for r in rows if r["pass"] == label]
-        layers = {k: sum(r["layer"] == k for r in rs) / len(rs) for k in ("exact", "miss")}
+        layers = {k: sum(r["layer"] == k for r in rs) / len(rs)
+                  for k in ("exact", "semantic", "miss")}
+        sem = [r for r in rs if r["layer"] == "semantic"]
         prompt = sum(r["prompt"] for r in rs if r["layer"] == "miss")
         cached = sum(r["cached"] for r in rs if r["layer"] == "miss")
         out[label] = {"requests": len(rs), "exact_hit_rate": layers["exact"],
+                      "semantic_hit_rate": layers["semantic"],
+                      "semantic_hits_true": sum(r["reworded"] for r in sem),
+                      "semantic_hits_false": sum(not r["reworded"] for r in sem),
+                      "median_ms_semantic": _median([r["ms"] for r in sem]),
                       "upstream_prefix_hit_rate": cached / prompt if prompt else 0.0,
                       "median_ms_exact": _median([r["ms"] for r in rs if r["layer"] == "exact"]),
                       "median_ms_miss": _median([r["ms"] for r in rs if r["layer"] == "miss"])}
@@ -161,13 +186,14 @@ def plot(result: dict, path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     passes = ["cold", "repeat", "paraphrase"]
-    for j, (what, label) in enumerate((("exact_hit_rate", "layer 1 (exact)"),
-                                       ("upstream_prefix_hit_rate",
-                                        "layer 3 (engine prefix cache, misses)"))):
+    series = [("exact_hit_rate", "layer 1 (exact), of requests"),
+              ("semantic_hit_rate", "layer 2 (semantic), of requests"),
+              ("upstream_prefix_hit_rate", "layer 3 (engine prefix cache), of miss tokens")]
+    for j, (what, label) in enumerate(series):
         vals = [statistics.median(e["summary"][p][what] for e in result["engine"])
                 for p in passes]
-        ax1.bar([i + 0.4 * j for i in range(3)], vals, width=0.4, label=label)
-    ax1.set_xticks([i + 0.2 for i in range(3)], passes)
+        ax1.bar([i + 0.27 * j for i in range(3)], vals, width=0.27, label=label)
+    ax1.set_xticks([i + 0.27 for i in range(3)], passes)
     ax1.set_ylabel("hit rate")
     ax1.set_title("gateway -> prefixcache engine (builtin:tiny)")
     ax1.legend(fontsize=8)
@@ -192,7 +218,18 @@ def main() -> int:
     p.add_argument("--conversations", type=int, default=8, help="per dataset")
     p.add_argument("--turns", type=int, default=5, help="user turns per conversation")
     p.add_argument("--out", default="benchmarks/gateway")
+    p.add_argument("--semantic", action="store_true",
+                   help="layer 2 on for the engine runs (needs prefixcache.gateway.semantic)")
     args = p.parse_args()
+    new_semantic = None
+    if args.semantic:
+        from prefixcache.gateway.semantic.cache import SemanticCache
+        from prefixcache.gateway.semantic.embedder import MiniLMEmbedder
+
+        embedder = MiniLMEmbedder(threads=1)
+
+        def new_semantic() -> TimedSemantic:
+            return TimedSemantic(SemanticCache(embedder))
     convs = conversations(args.conversations, args.turns)
     long_systems = sorted(fabric_patterns().values(), key=len)
     anth_system = next(s for s in long_systems if len(s) > 6000)
@@ -200,7 +237,8 @@ def main() -> int:
             for i in range(args.repeats)}
     out_dir = REPO / args.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    result: dict = {"conversations": len(convs), "requests_per_pass": sum(
+    result: dict = {"semantic": args.semantic, "conversations": len(convs),
+                    "requests_per_pass": sum(
         len(u) for _, u in convs), "repeats": args.repeats, "engine": [], "anthropic": [],
         "hash_us": hash_us(convs, anth_system)}
     engine = LiveServer(["--served-model-name", "tiny", "--num-pages", "8192"],
@@ -219,10 +257,15 @@ def main() -> int:
                     srv.stop()
                 result["anthropic"].append({"repeat": i, "shape": shape, "stats": stats,
                                             "summary": summarise(rows)})
+            semantic = new_semantic() if new_semantic is not None else None
             rows, stats = asyncio.run(run_pass_set(
-                gateway_for(engine.base, "prefixcache", "tiny"), key, keys, "tiny",
-                "You are a helpful assistant.", convs))
-            result["engine"].append({"repeat": i, "stats": stats, "summary": summarise(rows)})
+                gateway_for(engine.base, "prefixcache", "tiny", semantic=semantic), key, keys,
+                "tiny", "You are a helpful assistant.", convs))
+            entry = {"repeat": i, "stats": stats, "summary": summarise(rows)}
+            if semantic is not None:
+                entry["semantic_ms"] = {k: _median([getattr(t, k) for t in semantic.timings])
+                                        for k in ("embed_ms", "index_ms", "verify_ms")}
+            result["engine"].append(entry)
             print(f"repeat {i}: engine {result['engine'][-1]['summary']}", flush=True)
     finally:
         engine.stop()
