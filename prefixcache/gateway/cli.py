@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from prefixcache.gateway.upstreams import parse_upstream
+from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES
 
 POLICY_FIELDS = {"cache_ttl_s", "cache_sampled", "semantic", "store_finish_reasons"}
 
@@ -42,6 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--semantic-threshold", type=float, default=None, metavar="COSINE",
                    help="layer 2's cosine threshold in (0, 1] (default: the semantic "
                         "cache's own, strict)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   metavar="BYTES", help="largest request body, bytes (413 beyond)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=8100, help="TCP port to listen on")
     p.add_argument("--log-level", default="info",
@@ -96,12 +99,14 @@ def build_app(args: argparse.Namespace):
         semantic = _semantic_cache(args)
     if args.cache_entries < 1:
         raise ValueError("--cache-entries must be >= 1")
+    if args.max_body_bytes < 1024:
+        raise ValueError("--max-body-bytes must be at least 1024")
     check_port(args.host, args.port)
     client = make_client()
     gateway = Gateway([Upstream(s, client) for s in specs],
                       open_store(args.cache_store, args.cache_entries),
                       policies=policies, semantic=semantic)
-    return create_app(gateway, auth)
+    return create_app(gateway, auth, max_body_bytes=args.max_body_bytes)
 
 
 def _semantic_cache(args: argparse.Namespace):

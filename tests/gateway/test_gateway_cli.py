@@ -79,3 +79,26 @@ def test_wire_translation_round_trips_text_tools_and_stops():
     with pytest.raises(wire.WireError) as err:
         wire.messages_to_chat({"messages": [{"role": "user", "content": [{"type": "image"}]}]})
     assert err.value.param == "messages[0].content[0]"
+
+
+def test_build_app_serves_and_checks_its_flags(tmp_path):
+    from starlette.testclient import TestClient
+
+    from prefixcache.cli import build_parser
+    from prefixcache.gateway.cli import build_app
+    from tests.server.live import free_port
+
+    argv = ["gateway", "--upstream", "x=http://127.0.0.1:9,models=m", "--port",
+            str(free_port())]
+    app = build_app(build_parser(argv).parse_args(argv))
+    with TestClient(app) as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        assert c.get("/v1/models").json()["data"][0]["id"] == "m"
+        big = c.post("/v1/chat/completions", content=b"x" * 3_000_000)
+        assert big.status_code == 413
+    bad = argv + ["--max-body-bytes", "100"]
+    with pytest.raises(ValueError, match="--max-body-bytes"):
+        build_app(build_parser(bad).parse_args(bad))
+    twice = argv + ["--upstream", "x=http://h"]
+    with pytest.raises(ValueError, match="unique"):
+        build_app(build_parser(twice).parse_args(twice))
