@@ -1,9 +1,10 @@
 """What an upstream answers, in one shape for every provider and wire format.
 
-A :class:`Completion` is a complete response (what layer 1 stores, as JSON bytes); a
-stream is a sequence of text deltas (``str``) ending with a :class:`Completion` whose
-``text`` is the whole answer. :class:`UpstreamError` is a failed upstream call, carrying
-the HTTP status and OpenAI-style ``code`` the gateway answers with.
+A :class:`Completion` is a complete response (what layer 1 stores, as JSON bytes): its
+text and its tool calls; a stream is a sequence of text deltas (``str``) ending with a
+:class:`Completion` whose ``text`` is the whole answer (tool calls arrive with it).
+:class:`UpstreamError` is a failed upstream call, carrying the HTTP status and
+OpenAI-style ``code`` the gateway answers with.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Completion:
     usage: dict = field(default_factory=dict)
     provider: str = "openai"
     model: str = ""
+    tool_calls: list = field(default_factory=list)  # OpenAI form: {id, type, function}
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -31,7 +33,7 @@ class Completion:
         try:
             d = json.loads(raw)
             return cls(str(d["text"]), d["finish_reason"], dict(d["usage"]),
-                       str(d["provider"]), str(d["model"]))
+                       str(d["provider"]), str(d["model"]), list(d.get("tool_calls") or []))
         except (KeyError, TypeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a stored completion: {exc}") from None
 

@@ -64,6 +64,7 @@ class Emulator:
         self.hang_s = hang_s
         self.clock = clock
         self.faults: list[str] = []
+        self.tool_call = False  # True: answer a request that has tools with a call
         self.bodies: list[dict] = []
         self.usages: list[dict] = []
         self._cache: dict[tuple[str, bytes], float] = {}  # (org, prefix hash) -> expiry
@@ -171,19 +172,35 @@ class Emulator:
                  else self._openai_usage(org, prompt, out))
         self.usages.append(usage)
         model = str(body.get("model"))
+        calls = self._calls(body)
+        finish = "tool_calls" if calls else "stop"
         if not body.get("stream"):
             if self.provider == "anthropic":
-                return JSONResponse(wire.message_response("msg_emu", model, text, "stop", usage))
+                return JSONResponse(wire.message_response("msg_emu", model, text, finish,
+                                                          usage, calls))
+            message: dict = {"role": "assistant", "content": text}
+            if calls:
+                message["tool_calls"] = calls
             return JSONResponse({"id": "chatcmpl-emu", "object": "chat.completion",
                                  "model": model, "choices": [{
-                                     "index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": text}}],
+                                     "index": 0, "finish_reason": finish, "message": message}],
                                  "usage": usage})
-        return StreamingResponse(self._stream(model, text, usage, fault),
+        return StreamingResponse(self._stream(model, text, usage, fault, calls),
                                  media_type="text/event-stream")
 
-    async def _stream(self, model: str, text: str, usage: dict, fault: str | None
-                      ) -> AsyncIterator[str]:
+    def _calls(self, body: dict) -> list[dict]:
+        """The tool call answered when :attr:`tool_call` is set: the first tool, with
+        arguments ``{"q": "emulated"}``."""
+        tools = body.get("tools") or []
+        if not (self.tool_call and tools):
+            return []
+        name = tools[0]["name"] if self.provider == "anthropic" else tools[0]["function"][
+            "name"]
+        return [{"id": "call_emu_1", "type": "function",
+                 "function": {"name": name, "arguments": json.dumps({"q": "emulated"})}}]
+
+    async def _stream(self, model: str, text: str, usage: dict, fault: str | None,
+                      calls: list[dict]) -> AsyncIterator[str]:
         pieces = [text[i:i + 8] for i in range(0, len(text), 8)]
         anth = self.provider == "anthropic"
         if anth:
@@ -200,11 +217,21 @@ class Emulator:
                 raise ConnectionResetError("emulated disconnect mid-stream")
         if fault == "truncate":
             return
+        finish = "tool_calls" if calls else "stop"
         if anth:
-            yield wire.stream_stop("stop", usage)
+            yield wire.stream_stop(finish, usage, calls)
             return
+        for i, c in enumerate(calls):  # name first, then the arguments in two pieces
+            args = c["function"]["arguments"]
+            for part in ({"id": c["id"], "type": "function",
+                          "function": {"name": c["function"]["name"], "arguments": ""}},
+                         {"function": {"arguments": args[:5]}},
+                         {"function": {"arguments": args[5:]}}):
+                yield _sse({"id": "c", "object": "chat.completion.chunk", "model": model,
+                            "choices": [{"index": 0, "delta": {"tool_calls": [
+                                {"index": i, **part}]}, "finish_reason": None}]})
         yield _sse({"id": "c", "object": "chat.completion.chunk", "model": model,
-                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         yield _sse({"id": "c", "object": "chat.completion.chunk", "model": model,
                     "choices": [], "usage": usage})
         yield "data: [DONE]\n\n"

@@ -41,12 +41,17 @@ def _ids(client: str) -> str:
 def render_json(client: str, comp: Completion, u: NormalUsage, layer: str, model: str) -> dict:
     usage = usage_for(client, u, layer)
     if client == "messages":
-        return wire.message_response(_ids(client), model, comp.text, comp.finish_reason, usage)
+        return wire.message_response(_ids(client), model, comp.text, comp.finish_reason, usage,
+                                     comp.tool_calls)
     head = {"id": _ids(client), "created": int(time.time()), "model": model}
     if client == "chat":
+        message: dict = {"role": "assistant",
+                         "content": comp.text if comp.text or not comp.tool_calls else None}
+        if comp.tool_calls:
+            message["tool_calls"] = comp.tool_calls
         return {**head, "object": "chat.completion", "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": comp.text},
-            "logprobs": None, "finish_reason": comp.finish_reason}], "usage": usage}
+            "index": 0, "message": message, "logprobs": None,
+            "finish_reason": comp.finish_reason}], "usage": usage}
     return {**head, "object": "text_completion", "choices": [{
         "index": 0, "text": comp.text, "logprobs": None,
         "finish_reason": comp.finish_reason}], "usage": usage}
@@ -94,8 +99,12 @@ async def render_stream(client: str, items: AsyncIterator[str | Completion], mod
                 continue
             usage = usage_for(client, usage_of["usage"], usage_of["layer"])
             if client == "messages":
-                yield wire.stream_stop(item.finish_reason, usage)
+                yield wire.stream_stop(item.finish_reason, usage, item.tool_calls)
                 return
+            if client == "chat" and item.tool_calls:
+                calls = [{"index": i, **c} for i, c in enumerate(item.tool_calls)]
+                yield _sse({**head, "choices": [{"index": 0, "delta": {"tool_calls": calls},
+                                                "finish_reason": None}]})
             delta: dict = {"delta": {}} if client == "chat" else {"text": ""}
             yield _sse({**head, "choices": [{"index": 0, **delta,
                                             "finish_reason": item.finish_reason}]})

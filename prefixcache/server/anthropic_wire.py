@@ -198,11 +198,34 @@ def anthropic_usage(prompt_tokens: int, cached_tokens: int, completion_tokens: i
             "output_tokens": completion_tokens}
 
 
+def tool_use_blocks(tool_calls: list[dict]) -> list[dict]:
+    """OpenAI ``tool_calls`` as Messages ``tool_use`` blocks (arguments parsed; text that
+    is not JSON becomes ``{"arguments": text}``)."""
+    out = []
+    for c in tool_calls:
+        fn = c.get("function") or {}
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except json.JSONDecodeError:
+            args = {"arguments": fn.get("arguments")}
+        out.append({"type": "tool_use", "id": c.get("id"), "name": fn.get("name"),
+                    "input": args})
+    return out
+
+
+def tool_calls_of(blocks: list[dict]) -> list[dict]:
+    """Messages ``tool_use`` blocks as OpenAI ``tool_calls``."""
+    return [{"id": b.get("id"), "type": "function", "function": {
+        "name": b.get("name"), "arguments": json.dumps(b.get("input") or {})}}
+        for b in blocks if b.get("type") == "tool_use"]
+
+
 def message_response(msg_id: str, model: str, text: str, finish_reason: str | None,
-                     usage: dict) -> dict:
-    """A Messages response body (one text block)."""
+                     usage: dict, tool_calls: list[dict] | None = None) -> dict:
+    """A Messages response body: one text block, then a ``tool_use`` block per call."""
+    content = [{"type": "text", "text": text}] if text or not tool_calls else []
     return {"id": msg_id, "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text}],
+            "content": content + tool_use_blocks(tool_calls or []),
             "stop_reason": FINISH_TO_STOP.get(finish_reason or "stop", "end_turn"),
             "stop_sequence": None, "usage": usage}
 
@@ -226,9 +249,20 @@ def stream_delta(text: str) -> str:
                                              "delta": {"type": "text_delta", "text": text}})
 
 
-def stream_stop(finish_reason: str | None, usage: dict) -> str:
-    """``content_block_stop``, ``message_delta`` (stop reason, usage), ``message_stop``."""
-    return (sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+def stream_stop(finish_reason: str | None, usage: dict,
+                tool_calls: list[dict] | None = None) -> str:
+    """``content_block_stop``, one ``tool_use`` block per call (start, its input as one
+    ``input_json_delta``, stop), ``message_delta`` (stop reason, usage), ``message_stop``."""
+    out = sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    for i, block in enumerate(tool_use_blocks(tool_calls or []), 1):
+        out += sse_event("content_block_start", {"type": "content_block_start", "index": i,
+                                                 "content_block": {**block, "input": {}}})
+        out += sse_event("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                 "delta": {"type": "input_json_delta",
+                                                           "partial_json": json.dumps(
+                                                               block["input"])}})
+        out += sse_event("content_block_stop", {"type": "content_block_stop", "index": i})
+    return (out
             + sse_event("message_delta", {"type": "message_delta", "delta": {
                 "stop_reason": FINISH_TO_STOP.get(finish_reason or "stop", "end_turn"),
                 "stop_sequence": None}, "usage": usage})
