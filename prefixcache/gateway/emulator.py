@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -37,19 +36,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from prefixcache.cache.hashing import blake2b_128
-from prefixcache.gateway.shaping import LOOKBACK_BLOCKS, min_cacheable_tokens
+from prefixcache.gateway.emulated_cache import EmulatedCache, breakpoints, tokens
+from prefixcache.server import anthropic_sse as sse
 from prefixcache.server import anthropic_wire as wire
-
-OPENAI_MIN, OPENAI_STEP, OPENAI_IDLE_S = 1024, 128, 600.0
-DEEPSEEK_UNIT = 64
-
-
-def _tok(text: str) -> int:
-    return math.ceil(len(text) / 4)
-
-
-def _h(text: str) -> bytes:
-    return blake2b_128(text.encode())
 
 
 class Emulator:
@@ -67,7 +56,7 @@ class Emulator:
         self.tool_call = False  # True: answer a request that has tools with a call
         self.bodies: list[dict] = []
         self.usages: list[dict] = []
-        self._cache: dict[tuple[str, bytes], float] = {}  # (org, prefix hash) -> expiry
+        self.cache = EmulatedCache(provider, clock)
         self.app = FastAPI()
         path = "/v1/messages" if provider == "anthropic" else "/v1/chat/completions"
         self.app.add_api_route(path, self._serve, methods=["POST"])
@@ -75,74 +64,6 @@ class Emulator:
     @property
     def calls(self) -> int:
         return len(self.bodies)
-
-    # -- caching rules -------------------------------------------------------------------
-    def _alive(self, key: tuple[str, bytes]) -> bool:
-        exp = self._cache.get(key)
-        return exp is not None and exp > self.clock()
-
-    def _openai_usage(self, org: str, prompt: str, out: int) -> dict:
-        n = _tok(prompt)
-        step = DEEPSEEK_UNIT if self.provider == "deepseek" else OPENAI_STEP
-        low = DEEPSEEK_UNIT if self.provider == "deepseek" else OPENAI_MIN
-        marks = list(range(low, n + 1, step)) if n >= low else []
-        hit = max((m for m in marks if self._alive((org, _h(prompt[:4 * m])))), default=0)
-        for m in marks:
-            self._cache[(org, _h(prompt[:4 * m]))] = self.clock() + OPENAI_IDLE_S
-        if self.provider == "deepseek":
-            return {"prompt_tokens": n, "completion_tokens": out, "total_tokens": n + out,
-                    "prompt_cache_hit_tokens": hit, "prompt_cache_miss_tokens": n - hit}
-        return {"prompt_tokens": n, "completion_tokens": out, "total_tokens": n + out,
-                "prompt_tokens_details": {"cached_tokens": hit}}
-
-    def _anthropic_usage(self, org: str, body: dict, out: int) -> dict:
-        blocks: list[tuple[str, dict]] = [(json.dumps({k: v for k, v in t.items()
-                                                       if k != "cache_control"},
-                                                      sort_keys=True), t)
-                                          for t in body.get("tools") or []]
-        system = body.get("system") or []
-        if isinstance(system, str):
-            system = [{"type": "text", "text": system}]
-        for m in body.get("messages", []):
-            c = m["content"]
-            parts = [{"type": "text", "text": c}] if isinstance(c, str) else c
-            system = [*system, *[{**p, "_role": m["role"]} for p in parts]]
-        for b in system:
-            text = b.get("text") if b.get("type") == "text" else json.dumps(
-                {k: v for k, v in b.items() if k not in ("cache_control", "_role")},
-                sort_keys=True)
-            blocks.append((f"{b.get('_role', 'system')}:{text}", b))
-        sums, hashes, acc = [0], [], ""
-        for text, _ in blocks:
-            acc += text + "\x00"
-            sums.append(sums[-1] + _tok(text))
-            hashes.append(_h(acc))
-        bps = [i for i, (_, b) in enumerate(blocks) if b.get("cache_control")]
-        minimum = min_cacheable_tokens(str(body.get("model")))
-        read = 0
-        for bp in bps:
-            for i in range(bp, max(-1, bp - LOOKBACK_BLOCKS), -1):
-                if self._alive((org, hashes[i])):
-                    read = max(read, sums[i + 1])
-                    break
-        eligible = [bp for bp in bps if sums[bp + 1] >= minimum]
-        for bp in eligible:
-            ttl = blocks[bp][1]["cache_control"].get("ttl", "5m")
-            self._cache[(org, hashes[bp])] = self.clock() + wire.TTL_S[ttl]
-        w5 = w1 = 0
-        if eligible:
-            last = eligible[-1]
-            written = max(0, sums[last + 1] - read)
-            if blocks[last][1]["cache_control"].get("ttl", "5m") == "1h":
-                w1 = written
-            else:
-                w5 = written
-        total = sums[-1]
-        return {"input_tokens": total - read - w5 - w1, "cache_creation_input_tokens": w5 + w1,
-                "cache_read_input_tokens": read,
-                "cache_creation": {"ephemeral_5m_input_tokens": w5,
-                                   "ephemeral_1h_input_tokens": w1},
-                "output_tokens": out}
 
     # -- serving ---------------------------------------------------------------------------
     async def _serve(self, request: Request) -> Response:
@@ -158,7 +79,7 @@ class Emulator:
             return JSONResponse({"error": {"message": "emulated overload", "type": "server_error"}},
                                 status_code=500)
         if self.provider == "anthropic":
-            if len([1 for _ in _breakpoints(body)]) > 4:
+            if len(list(breakpoints(body))) > 4:
                 return JSONResponse(wire.error_body("A maximum of 4 blocks with cache_control "
                                                     "may be provided."), status_code=400)
             prompt = json.dumps([body.get("system"), body.get("messages")], sort_keys=True)
@@ -166,10 +87,10 @@ class Emulator:
             prompt = "".join(f"{m.get('role')}:{m.get('content')}\n"
                              for m in body.get("messages", []))
             prompt = json.dumps(body.get("tools"), sort_keys=True) + prompt
-        text = f"[{self.provider}] answer {_h(prompt).hex()[:12]}"
-        out = _tok(text)
-        usage = (self._anthropic_usage(org, body, out) if self.provider == "anthropic"
-                 else self._openai_usage(org, prompt, out))
+        text = f"[{self.provider}] answer {blake2b_128(prompt.encode()).hex()[:12]}"
+        out = tokens(text)
+        usage = (self.cache.anthropic_usage(org, body, out) if self.provider == "anthropic"
+                 else self.cache.openai_usage(org, prompt, out))
         self.usages.append(usage)
         model = str(body.get("model"))
         calls = self._calls(body)
@@ -204,10 +125,10 @@ class Emulator:
         pieces = [text[i:i + 8] for i in range(0, len(text), 8)]
         anth = self.provider == "anthropic"
         if anth:
-            yield wire.stream_start("msg_emu", model, {**usage, "output_tokens": 0})
+            yield sse.stream_start("msg_emu", model, {**usage, "output_tokens": 0})
         for i, p in enumerate(pieces):
             if anth:
-                yield wire.stream_delta(p)
+                yield sse.stream_delta(p)
             else:
                 yield _sse({"id": "c", "object": "chat.completion.chunk", "model": model,
                             "choices": [{"index": 0, "delta": {"content": p},
@@ -219,7 +140,7 @@ class Emulator:
             return
         finish = "tool_calls" if calls else "stop"
         if anth:
-            yield wire.stream_stop(finish, usage, calls)
+            yield sse.stream_stop(finish, usage, calls)
             return
         for i, c in enumerate(calls):  # name first, then the arguments in two pieces
             args = c["function"]["arguments"]
@@ -235,20 +156,6 @@ class Emulator:
         yield _sse({"id": "c", "object": "chat.completion.chunk", "model": model,
                     "choices": [], "usage": usage})
         yield "data: [DONE]\n\n"
-
-
-def _breakpoints(body: dict):
-    for t in body.get("tools") or []:
-        if t.get("cache_control"):
-            yield t
-    system = body.get("system")
-    for b in system if isinstance(system, list) else []:
-        if b.get("cache_control"):
-            yield b
-    for m in body.get("messages", []):
-        for b in m["content"] if isinstance(m["content"], list) else []:
-            if b.get("cache_control"):
-                yield b
 
 
 def _sse(obj: dict) -> str:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from prefixcache.gateway.accounting import NormalUsage
 from prefixcache.gateway.completion import Completion, UpstreamError
+from prefixcache.server import anthropic_sse as sse
 from prefixcache.server import anthropic_wire as wire
 
 
@@ -80,7 +81,7 @@ async def render_stream(client: str, items: AsyncIterator[str | Completion], mod
     obj = "chat.completion.chunk" if client == "chat" else "text_completion"
     head = {"id": rid, "object": obj, "created": created, "model": model}
     if client == "messages":
-        yield wire.stream_start(rid, model, wire.anthropic_usage(0, 0, 0))
+        yield sse.stream_start(rid, model, wire.anthropic_usage(0, 0, 0))
     elif client == "chat":
         yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant",
                                                               "content": ""},
@@ -89,7 +90,7 @@ async def render_stream(client: str, items: AsyncIterator[str | Completion], mod
         async for item in items:
             if isinstance(item, str):
                 if client == "messages":
-                    yield wire.stream_delta(item)
+                    yield sse.stream_delta(item)
                 elif client == "chat":
                     yield _sse({**head, "choices": [{"index": 0, "delta": {"content": item},
                                                     "finish_reason": None}]})
@@ -99,7 +100,7 @@ async def render_stream(client: str, items: AsyncIterator[str | Completion], mod
                 continue
             usage = usage_for(client, usage_of["usage"], usage_of["layer"])
             if client == "messages":
-                yield wire.stream_stop(item.finish_reason, usage, item.tool_calls)
+                yield sse.stream_stop(item.finish_reason, usage, item.tool_calls)
                 return
             if client == "chat" and item.tool_calls:
                 calls = [{"index": i, **c} for i, c in enumerate(item.tool_calls)]
@@ -113,7 +114,7 @@ async def render_stream(client: str, items: AsyncIterator[str | Completion], mod
             return
     except UpstreamError as exc:
         if client == "messages":
-            yield wire.stream_error(exc.message)
+            yield sse.stream_error(exc.message)
         else:
             yield _sse(error_json(client, exc.status, exc.message, exc.code))
             yield "data: [DONE]\n\n"

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import httpx
 
 from prefixcache.gateway.completion import Completion, UpstreamError
+from prefixcache.gateway.stream_parse import ToolCalls, anthropic_event, openai_chunk
 from prefixcache.server import anthropic_wire as wire
 
 PROVIDERS = ("openai", "anthropic", "deepseek", "prefixcache", "vllm")
@@ -152,7 +153,7 @@ class Upstream:
         parts: list[str] = []
         finish: str | None = None
         usage: dict = {}
-        tools = _ToolCalls()
+        tools = ToolCalls()
         ended = False
         try:
             async with self.client.stream("POST", self.spec.url + path, json=payload,
@@ -178,9 +179,9 @@ class Upstream:
                                             f"{err.get('message', 'error event')}",
                                             "upstream_error")
                     if self.provider == "anthropic":
-                        delta, f, u, ended = _anthropic_event(obj, ended, tools)
+                        delta, f, u, ended = anthropic_event(obj, ended, tools)
                     else:
-                        delta, f, u = _openai_chunk(obj, kind, tools)
+                        delta, f, u = openai_chunk(obj, kind, tools)
                     finish = f or finish
                     usage = {**usage, **u} if u else usage
                     if delta:
@@ -197,62 +198,6 @@ class Upstream:
                                 "its end", "upstream_disconnected")
         yield Completion("".join(parts), finish, usage, self.provider, body.get("model", ""),
                          tools.calls())
-
-
-class _ToolCalls:
-    """Tool calls assembled from stream deltas, by their index in the answer."""
-
-    def __init__(self) -> None:
-        self._by_index: dict[int, dict] = {}
-
-    def add(self, index: int, id: str | None = None, name: str | None = None,
-            arguments: str = "") -> None:
-        call = self._by_index.setdefault(index, {"id": None, "name": None, "arguments": ""})
-        call["id"] = id or call["id"]
-        call["name"] = name or call["name"]
-        call["arguments"] += arguments or ""
-
-    def calls(self) -> list[dict]:
-        return [{"id": c["id"], "type": "function",
-                 "function": {"name": c["name"], "arguments": c["arguments"]}}
-                for _, c in sorted(self._by_index.items())]
-
-
-def _openai_chunk(obj: dict, kind: str, tools: _ToolCalls
-                  ) -> tuple[str, str | None, dict | None]:
-    delta, finish = "", None
-    for c in obj.get("choices") or []:
-        d = c.get("delta") or {}
-        delta += (d.get("content") or "") if kind == "chat" else (c.get("text") or "")
-        for t in d.get("tool_calls") or []:
-            fn = t.get("function") or {}
-            tools.add(int(t.get("index", 0)), t.get("id"), fn.get("name"),
-                      fn.get("arguments") or "")
-        finish = c.get("finish_reason") or finish
-    return delta, finish, obj.get("usage") or None
-
-
-def _anthropic_event(obj: dict, ended: bool, tools: _ToolCalls
-                     ) -> tuple[str, str | None, dict | None, bool]:
-    kind = obj.get("type")
-    if kind == "message_start":
-        return "", None, (obj.get("message") or {}).get("usage"), ended
-    if kind == "content_block_start":
-        block = obj.get("content_block") or {}
-        if block.get("type") == "tool_use":
-            tools.add(int(obj.get("index", 0)), block.get("id"), block.get("name"))
-        return "", None, None, ended
-    if kind == "content_block_delta":
-        d = obj.get("delta") or {}
-        if d.get("type") == "input_json_delta":
-            tools.add(int(obj.get("index", 0)), arguments=d.get("partial_json") or "")
-            return "", None, None, ended
-        return d.get("text", ""), None, None, ended
-    if kind == "message_delta":
-        stop = (obj.get("delta") or {}).get("stop_reason")
-        return "", wire.STOP_TO_FINISH.get(stop, "stop") if stop else None, obj.get(
-            "usage"), ended
-    return "", None, None, ended or kind == "message_stop"
 
 
 def _check(status: int, content: bytes, spec: UpstreamSpec) -> None:

@@ -230,49 +230,6 @@ def message_response(msg_id: str, model: str, text: str, finish_reason: str | No
             "stop_sequence": None, "usage": usage}
 
 
-def sse_event(event: str, data: dict) -> str:
-    """One Messages server-sent event."""
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-def stream_start(msg_id: str, model: str, usage: dict) -> str:
-    """``message_start`` and the text block's ``content_block_start``."""
-    msg = {**message_response(msg_id, model, "", None, usage), "content": [],
-           "stop_reason": None}
-    return (sse_event("message_start", {"type": "message_start", "message": msg})
-            + sse_event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                "content_block": {"type": "text", "text": ""}}))
-
-
-def stream_delta(text: str) -> str:
-    return sse_event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                             "delta": {"type": "text_delta", "text": text}})
-
-
-def stream_stop(finish_reason: str | None, usage: dict,
-                tool_calls: list[dict] | None = None) -> str:
-    """``content_block_stop``, one ``tool_use`` block per call (start, its input as one
-    ``input_json_delta``, stop), ``message_delta`` (stop reason, usage), ``message_stop``."""
-    out = sse_event("content_block_stop", {"type": "content_block_stop", "index": 0})
-    for i, block in enumerate(tool_use_blocks(tool_calls or []), 1):
-        out += sse_event("content_block_start", {"type": "content_block_start", "index": i,
-                                                 "content_block": {**block, "input": {}}})
-        out += sse_event("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                 "delta": {"type": "input_json_delta",
-                                                           "partial_json": json.dumps(
-                                                               block["input"])}})
-        out += sse_event("content_block_stop", {"type": "content_block_stop", "index": i})
-    return (out
-            + sse_event("message_delta", {"type": "message_delta", "delta": {
-                "stop_reason": FINISH_TO_STOP.get(finish_reason or "stop", "end_turn"),
-                "stop_sequence": None}, "usage": usage})
-            + sse_event("message_stop", {"type": "message_stop"}))
-
-
 def error_body(message: str, type: str = "invalid_request_error") -> dict:
     """An Anthropic-style error object."""
     return {"type": "error", "error": {"type": type, "message": message}}
-
-
-def stream_error(message: str, type: str = "api_error") -> str:
-    return sse_event("error", error_body(message, type))

@@ -25,6 +25,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from prefixcache.server import anthropic_sse as sse
 from prefixcache.server import anthropic_wire as wire
 from prefixcache.server.errors import APIError
 from prefixcache.server.protocol import ChatCompletionRequest, parse_body
@@ -98,7 +99,7 @@ async def serve_messages(serving: Any, raw: bytes, principal: Any, request: Requ
 async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: float | None
                   ) -> AsyncIterator[str]:
     """OpenAI chat chunks (SSE text) -> Messages events."""
-    yield wire.stream_start(msg_id, model, wire.anthropic_usage(0, 0, 0))
+    yield sse.stream_start(msg_id, model, wire.anthropic_usage(0, 0, 0))
     finish: str | None = None
     usage = None
     async for chunk in chunks:
@@ -108,13 +109,13 @@ async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: fl
                 continue
             obj = json.loads(line[6:])
             if "error" in obj:
-                yield wire.stream_error(obj["error"].get("message", "engine error"))
+                yield sse.stream_error(obj["error"].get("message", "engine error"))
                 return
             if obj.get("usage") and not obj.get("choices"):
                 usage = usage_of(obj["usage"], ttl_s)
             for c in obj.get("choices") or []:
                 delta = (c.get("delta") or {}).get("content")
                 if delta:
-                    yield wire.stream_delta(delta)
+                    yield sse.stream_delta(delta)
                 finish = c.get("finish_reason") or finish
-    yield wire.stream_stop(finish, usage or wire.anthropic_usage(0, 0, 0))
+    yield sse.stream_stop(finish, usage or wire.anthropic_usage(0, 0, 0))
