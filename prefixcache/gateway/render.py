@@ -4,7 +4,9 @@
 Usage is rebuilt from the normalised counters in the client's format, plus
 ``usage.cache_layer``: ``exact`` / ``semantic`` (served by the gateway: the counts are
 those of the stored answer, and no upstream tokens were spent), ``miss`` or ``bypass``
-(forwarded). Errors are OpenAI error objects, or Anthropic ones for ``messages``.
+(forwarded). Tool calls are ``message.tool_calls`` (one delta before the finish chunk
+when streaming) or Messages ``tool_use`` blocks. Errors are OpenAI error objects, or
+Anthropic ones for ``messages``.
 """
 from __future__ import annotations
 
