@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "bench": "prefixcache.bench.cli",
     "bench-cache": "prefixcache.bench.cache_core",
     "bench-engine": "prefixcache.bench.engine_perf",
+    "gateway": "prefixcache.gateway.cli",
     "analyze": "prefixcache.analyze.cli",
 }
 
