@@ -2,10 +2,10 @@
 context KV gathered through its page table, with
 ``torch.nn.functional.scaled_dot_product_attention``.
 
-Decode tokens (one query each) of two or more sequences are batched: their page tables
-are padded to the longest, the pages gathered in one ``index_select`` per layer, and one
-SDPA call masks each row's keys beyond its context. Prefill chunks attend one sequence
-at a time (their shapes differ too much to pad cheaply).
+Decode tokens (one query each, every decoding sequence of the step, one or more) are
+batched: their page tables are padded to the longest, the pages gathered in one
+``index_select`` per layer, and one SDPA call masks each row's keys beyond its context.
+Prefill chunks attend one sequence at a time (their shapes differ too much to pad cheaply).
 
 A step's plan (masks, padded page tables) is built once (on the device) and shared by
 every layer with the same sliding window.
@@ -81,12 +81,13 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
     """Masks of a step for layers with attention window ``window`` (tokens, or ``None``).
 
     The query at position ``p`` sees keys ``j`` with ``j <= p`` and, with a window,
-    ``j > p - window``. With ``block_size`` given, decode rows of two or more sequences
-    whose keys are not all new are batched (:class:`DecodeGroup`).
+    ``j > p - window``. With ``block_size`` given, the decode rows of sequences whose
+    keys are not all new are batched (:class:`DecodeGroup`, even for one sequence: its
+    grouped-query layout is faster than ``enable_gqa``).
     """
     decode = [s for s in seqs if s.q_len == 1 and s.ctx_len > 1]
     group = None
-    if block_size is not None and len(decode) >= 2:
+    if block_size is not None and decode:
         group = _plan_decode(decode, window, block_size, device)
         batched = {id(s) for s in decode}
         seqs = [s for s in seqs if id(s) not in batched]
