@@ -34,32 +34,38 @@ def _spread(v: list[float]) -> dict[str, float]:
     return {"median": statistics.median(v), "min": min(v), "max": max(v)}
 
 
-def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, dict]:
-    """Median and spread (seconds) of each function, run in interleaved rounds."""
+def _interleaved(fns: dict[str, Callable[[], object]], repeats: int,
+                 sync: Callable[[], object] = lambda: None) -> dict[str, dict]:
+    """Median and spread (seconds) of each function, run in interleaved rounds; ``sync``
+    waits for the device after each call (``torch.cuda.synchronize`` on CUDA)."""
     for fn in fns.values():
         fn()
+    sync()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
             t0 = time.perf_counter()
             fn()
+            sync()
             times[k].append(time.perf_counter() - t0)
     return {k: _spread(v) for k, v in times.items()}
 
 
-def _decode_batch(nseq: int, ctx: int, pages: list[int], bs: int, vocab: int):
+def _decode_batch(nseq: int, ctx: int, pages: list[int], bs: int, vocab: int,
+                  device: torch.device | str = "cpu"):
     from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
 
     per = -(-ctx // bs)
     seqs, slots = [], []
     for i in range(nseq):
-        table = torch.tensor(pages[i * per:(i + 1) * per])
-        seqs.append(SeqChunk(i, 1, ctx, table))
-        slots.append(int(table[(ctx - 1) // bs]) * bs + (ctx - 1) % bs)
+        table = pages[i * per:(i + 1) * per]
+        seqs.append(SeqChunk(i, 1, ctx, torch.tensor(table, device=device)))
+        slots.append(table[(ctx - 1) // bs] * bs + (ctx - 1) % bs)
     g = torch.Generator().manual_seed(ctx)
-    return ForwardBatch(torch.randint(0, vocab, (nseq,), generator=g),
-                        torch.full((nseq,), ctx - 1), torch.tensor(slots), seqs,
-                        torch.arange(nseq))
+    return ForwardBatch(torch.randint(0, vocab, (nseq,), generator=g).to(device),
+                        torch.full((nseq,), ctx - 1, device=device),
+                        torch.tensor(slots, device=device), seqs,
+                        torch.arange(nseq, device=device))
 
 
 def _hf_cache(hf, nseq: int, ctx: int):
@@ -68,16 +74,18 @@ def _hf_cache(hf, nseq: int, ctx: int):
     c = hf.config
     cache = DynamicCache(config=c)
     shape = (nseq, c.num_key_value_heads, ctx - 1, c.hidden_size // c.num_attention_heads)
+    kw = dict(dtype=hf.dtype, device=hf.device)
     for layer in range(c.num_hidden_layers):
-        cache.update(torch.randn(shape, dtype=hf.dtype), torch.randn(shape, dtype=hf.dtype),
-                     layer)
+        cache.update(torch.randn(shape, **kw), torch.randn(shape, **kw), layer)
     return cache
 
 
 def tpot_vs_context(model, hf, contexts=CONTEXTS, repeats: int = 3,
                     no_cache_max_ctx: int = 2048, bs: int = 16) -> list[dict]:
-    """Rows ``{ctx, seqs, impl, median, min, max}`` (seconds per decode step)."""
-    vocab = model.config.vocab_size
+    """Rows ``{ctx, seqs, impl, median, min, max}`` (seconds per decode step); ``hf`` may
+    be ``None`` (ours only). Runs on ``model.device`` (and ``hf``'s)."""
+    vocab, dev = model.config.vocab_size, model.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     rows = []
     for ctx in contexts:
         per = -(-ctx // bs)
@@ -90,22 +98,22 @@ def tpot_vs_context(model, hf, contexts=CONTEXTS, repeats: int = 3,
         fns: dict[str, Callable[[], object]] = {}
         caches = {}
         for n in (1, 8):
-            b = _decode_batch(n, ctx, pages, bs, vocab)
+            b = _decode_batch(n, ctx, pages, bs, vocab, dev)
             fns[f"ours/{n}"] = partial(model, b, kv)
             if hf is not None:
                 caches[n] = _hf_cache(hf, n, ctx)
-                ids = torch.randint(0, vocab, (n, 1))
+                ids = torch.randint(0, vocab, (n, 1), device=hf.device)
 
                 def hf_step(ids=ids, cache=caches[n]):
                     hf(ids, cache=cache, use_cache=True)
                     cache.crop(-1)
                 fns[f"transformers-cache/{n}"] = hf_step
         if hf is not None and ctx <= no_cache_max_ctx:
-            full = torch.randint(0, vocab, (1, ctx))
+            full = torch.randint(0, vocab, (1, ctx), device=hf.device)
             fns["transformers-no-cache/1"] = partial(hf, full, use_cache=False,
                                                      logits_to_keep=1)
         with torch.inference_mode():
-            res = _interleaved(fns, repeats)
+            res = _interleaved(fns, repeats, sync)
         for key, r in res.items():
             impl, seqs = key.split("/")
             rows.append({"ctx": ctx, "seqs": int(seqs), "impl": impl, **r})

@@ -15,9 +15,10 @@ the :class:`KVPool`; the engine's model runner picks one per engine:
 * deterministic (:func:`prefixcache.model.deterministic.forward_deterministic`):
   batch-invariant tiles; cost figures are in ``benchmarks/``.
 
-Limits: each sequence's context KV is gathered (copied) from its pages once per layer,
-and sequences attend one after another (no batched decode kernel). Sliding windows are
-applied by masking: all KV is kept, so outputs stay exact with prefix caching.
+Limits: each sequence's context KV is gathered (copied) from its pages once per layer
+(decode rows of similar length in one copy and one attention call per group, prefill
+chunks one sequence at a time). Sliding windows are applied by masking: all KV is kept,
+so outputs stay exact with prefix caching.
 """
 from __future__ import annotations
 
