@@ -15,6 +15,9 @@ warm-up; the median and the spread (min-max) are reported:
   read bandwidth (GEMV over a 256 MiB float32 matrix), in float32 and bfloat16.
 * ``batched``: output tokens/s of 8 sequences against 1 at 1k context (from the
   ``tpot_vs_context`` rows).
+* ``packed_ab``: decode steps of 1, 4 and 8 sequences at 1k context with the decoder's
+  linear layers prepacked for oneDNN (:class:`~prefixcache.model.packed_linear.
+  PackedLinear`, the default) against plain ``F.linear`` (packing switched off).
 """
 from __future__ import annotations
 
@@ -121,6 +124,46 @@ def tpot_vs_context(model, hf, contexts=CONTEXTS, repeats: int = 3,
     return rows
 
 
+def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
+              bs: int = 16) -> list[dict]:
+    """Rows ``{seqs, packed: {median, min, max}, f_linear: {...}, ratio: {...}}``: step
+    seconds with the decoder's projections packed or not, and the paired ratio
+    ``f_linear / packed`` of each round (> 1: packing is faster)."""
+    projs = [p for layer in model.decoder_layers
+             for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+    enabled = [p.enabled for p in projs]
+    per = -(-ctx // bs)
+    kv = model.new_kv_pool(max(seqs) * per + 1, bs)
+    pages = list(range(kv.num_pages))
+    random.Random(1).shuffle(pages)
+    rows = []
+
+    def run(b, on: bool):
+        for p, e in zip(projs, enabled):
+            p.enabled = e and on
+        model(b, kv)
+    try:
+        with torch.inference_mode():
+            for n in seqs:
+                b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
+                fns = {"packed": partial(run, b, True), "f_linear": partial(run, b, False)}
+                pairs: dict[str, list[float]] = {k: [] for k in fns}
+                for f in fns.values():
+                    f()
+                for _ in range(repeats):
+                    for k, f in fns.items():
+                        t0 = time.perf_counter()
+                        f()
+                        pairs[k].append(time.perf_counter() - t0)
+                ratio = [a / b for a, b in zip(pairs["f_linear"], pairs["packed"])]
+                rows.append({"seqs": n, **{k: _spread(v) for k, v in pairs.items()},
+                             "ratio": _spread(ratio)})
+    finally:
+        for p, e in zip(projs, enabled):
+            p.enabled = e
+    return rows
+
+
 def bandwidth_gbs(repeats: int = 5) -> dict[str, dict]:
     """Read bandwidth (GB/s) of one thread: a GEMV over a 256 MiB float32 matrix (the
     access pattern of a one-row decode step), and a plain ``sum``."""
@@ -128,7 +171,8 @@ def bandwidth_gbs(repeats: int = 5) -> dict[str, dict]:
     x = torch.randn(1024)
     nbytes = w.numel() * 4
     res = _interleaved({"gemv": lambda: torch.mv(w, x), "sum": lambda: w.sum()}, repeats)
-    return {k: {s: nbytes / v / 1e9 for s, v in r.items()} for k, r in res.items()}
+    return {k: {"median": nbytes / r["median"] / 1e9, "min": nbytes / r["max"] / 1e9,
+                "max": nbytes / r["min"] / 1e9} for k, r in res.items()}
 
 
 def weight_bytes(model) -> int:
@@ -207,6 +251,7 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).eval()
     rows = tpot_vs_context(model, hf, repeats=repeats)
     del hf
+    packed = packed_ab(model, repeats=max(repeats, 5))
     bw = bandwidth_gbs()
     steps = {}
     for name in ("float32", "bfloat16"):
@@ -228,81 +273,8 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     breakdown = step_breakdown(model_dir, dtype)
     return {"tpot_vs_context": rows, "bandwidth_gbs": bw, "bandwidth_bound": bound,
             "tpot_8k_over_512": flat, "batched_8_over_1_tok_s": batched,
-            "step_breakdown": breakdown,
+            "step_breakdown": breakdown, "packed_ab": packed,
             "goals": {"TPOT 8k <= 1.25x TPOT 512 (1 seq)": flat["1"] <= 1.25,
                       "TPOT 8k <= 1.25x TPOT 512 (8 seqs)": flat["8"] <= 1.25,
                       "8 seqs >= 5x tokens/s of 1 at 1k": batched >= 5.0,
                       "host <= 10% of step, 8 decoding": breakdown["host_share"] <= 0.10}}
-
-
-def plot_tpot(res: dict, path: Path) -> None:
-    """TPOT (ms, log scale) against context, one line per implementation and batch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    rows = res["tpot_vs_context"]
-    for impl, n in sorted({(r["impl"], r["seqs"]) for r in rows}):
-        pts = sorted((r["ctx"], r["median"] * 1e3, r["min"] * 1e3, r["max"] * 1e3)
-                     for r in rows if r["impl"] == impl and r["seqs"] == n)
-        x, y, lo, hi = zip(*pts)
-        ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
-                    marker="o", capsize=3, label=f"{impl}, {n} seq{'s' if n > 1 else ''}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("time per decode step (ms)")
-    ax.set_title("Decode step vs context (median, min-max bars)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def render_markdown(res: dict, meta: dict) -> list[str]:
-    """The ``decode`` section of ``engine.md``."""
-    lines = [f"## Decode speed ({meta['model']}, {meta['dtype']}, {meta['threads']} thread(s), "
-             f"{meta['date']})", "",
-             "Time per decode step (ms, median [min-max] of interleaved repeats):", "",
-             "| context | " + " | ".join(f"{i}, {n}" for i, n in _impls(res)) + " |",
-             "|---" * (1 + len(_impls(res))) + "|"]
-    cell = {(r["impl"], r["seqs"], r["ctx"]): r for r in res["tpot_vs_context"]}
-    for ctx in sorted({r["ctx"] for r in res["tpot_vs_context"]}):
-        cells = []
-        for i, n in _impls(res):
-            r = cell.get((i, n, ctx))
-            cells.append(f"{r['median'] * 1e3:.1f} [{r['min'] * 1e3:.0f}-{r['max'] * 1e3:.0f}]"
-                         if r else "-")
-        lines.append(f"| {ctx} | " + " | ".join(cells) + " |")
-    b = res["step_breakdown"]
-    med = b["median_s"]
-    lines += ["", f"TPOT 8k / 512: {res['tpot_8k_over_512']['1']:.2f}x (1 seq), "
-              f"{res['tpot_8k_over_512']['8']:.2f}x (8 seqs). Output tokens/s, 8 seqs / 1 "
-              f"at 1k: {res['batched_8_over_1_tok_s']:.2f}x.", "",
-              f"Step breakdown, {b['seqs']} sequences decoding at {b['ctx']} context "
-              f"({b['steps_measured']} steps, medians):", "",
-              "| part | ms | share |", "|---|---|---|"]
-    for k, v in med.items():
-        lines.append(f"| {k} | {v * 1e3:.2f} | {v / med['total']:.1%} |")
-    bw = res["bandwidth_gbs"]
-    lines += ["", f"Host share (everything but the forward): {b['host_share']:.1%}.", "",
-              f"Read bandwidth, 1 thread: GEMV {bw['gemv']['median']:.1f} GB/s "
-              f"[{bw['gemv']['min']:.1f}-{bw['gemv']['max']:.1f}], sum "
-              f"{bw['sum']['median']:.1f} GB/s.", "",
-              "| dtype | weight bytes | bound (bytes / GEMV bandwidth) | 1-seq step at 1k | "
-              "step / bound |", "|---|---|---|---|---|"]
-    for k, v in res["bandwidth_bound"].items():
-        s = v["step_s"]
-        lines.append(f"| {k} | {v['weight_bytes'] / 1e6:.0f} MB | {v['bound_s'] * 1e3:.1f} ms | "
-                     f"{s['median'] * 1e3:.1f} ms [{s['min'] * 1e3:.1f}-{s['max'] * 1e3:.1f}] | "
-                     f"{s['median'] / v['bound_s']:.2f}x |")
-    lines += ["", "Goals: " + "; ".join(f"{k}: {'met' if ok else 'missed'}"
-                                        for k, ok in res["goals"].items()), ""]
-    return lines
-
-
-def _impls(res: dict) -> list[tuple[str, int]]:
-    return sorted({(r["impl"], r["seqs"]) for r in res["tpot_vs_context"]})

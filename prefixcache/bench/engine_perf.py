@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from prefixcache.bench import decode_perf
+from prefixcache.bench import decode_perf, decode_report
 from prefixcache.engine.args import add_engine_args
 
 DEFAULT_MODEL = "llama-60m-random"
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(res, indent=2))
     results_path.write_text(json.dumps(results, indent=2))
     if "decode" in results:
-        decode_perf.plot_tpot(results["decode"], out_dir / "tpot_vs_context.png")
+        decode_report.plot_tpot(results["decode"], out_dir / "tpot_vs_context.png")
     (out_dir / "engine.md").write_text(render_markdown(results))
     return 0
 
@@ -320,5 +320,5 @@ def render_markdown(results: dict) -> str:
                   f"{r['max_abs_dlogit_warm_vs_cold']['default']:.2e}, deterministic "
                   f"{r['max_abs_dlogit_warm_vs_cold']['deterministic']:.2e}", ""]
     if "decode" in results:
-        lines += decode_perf.render_markdown(results["decode"], results["decode"]["meta"])
+        lines += decode_report.render_markdown(results["decode"], results["decode"]["meta"])
     return "\n".join(lines)

@@ -174,11 +174,10 @@ def _decode_attention(q: torch.Tensor, kv: KVPool, layer: int, g: DecodeGroup,
                       out: torch.Tensor) -> None:
     """One SDPA call for a :class:`DecodeGroup`; writes its rows of ``out``."""
     b, pages = g.page_table.shape
-    kh, vh = kv.k[layer], kv.v[layer]
-    flat = g.page_table.reshape(-1)
+    k, v = kv.gather_pages(layer, g.page_table.reshape(-1))
     # [B * P, bs, kvh, d] -> [B, kvh, P * bs, d]
-    k = kh.index_select(0, flat).view(b, pages * kh.shape[1], kh.shape[2], kh.shape[3])
-    v = vh.index_select(0, flat).view(b, pages * vh.shape[1], vh.shape[2], vh.shape[3])
+    k = k.view(b, pages * k.shape[1], k.shape[2], k.shape[3])
+    v = v.view(b, pages * v.shape[1], v.shape[2], v.shape[3])
     k, v = k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype)
     # GQA without enable_gqa: the query heads sharing a KV head become that head's query
     # rows ([B, kvh, heads // kvh, d]); measured 2x faster than enable_gqa on CPU.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from prefixcache.bench import decode_perf
+from prefixcache.bench import decode_perf, decode_report
 from prefixcache.model.loader import load_model
 from tests.helpers.hf_models import make_hf_model, save_hf_model
 
@@ -62,10 +62,28 @@ def test_markdown_and_plot(tmp_path):
                                                       "max": 0.03}}},
            "goals": {"8 seqs >= 5x tokens/s of 1 at 1k": False}}
     meta = {"model": "m", "dtype": "float32", "threads": 1, "date": "2026-12-01"}
-    text = "\n".join(decode_perf.render_markdown(res, meta))
+    text = "\n".join(decode_report.render_markdown(res, meta))
     assert "| 8192 | 10.0 [9-12] | 80.0 [72-96] |" in text
     assert "| schedule | 1.00 | 5.0% |" in text
     assert "| float32 | 200 MB | 10.0 ms | 20.0 ms [20.0-30.0] | 2.00x |" in text
     assert "8 seqs >= 5x tokens/s of 1 at 1k: missed" in text
-    decode_perf.plot_tpot(res, tmp_path / "p.png")
+    decode_report.plot_tpot(res, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_packed_ab_measures_both_ways_and_restores_packing():
+    hf = make_hf_model("llama")
+    from prefixcache.model.config import ModelConfig
+    from prefixcache.model.llama import PagedLlama
+    from prefixcache.model.weights import load_hf_weights
+
+    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    m = PagedLlama(cfg)
+    load_hf_weights(m, hf.state_dict().__getitem__)
+    before = [layer.qkv_proj.enabled for layer in m.decoder_layers]
+    rows = decode_perf.packed_ab(m, seqs=(1, 3), ctx=40, repeats=2)
+    assert [r["seqs"] for r in rows] == [1, 3]
+    assert all(set(r) == {"seqs", "packed", "f_linear", "ratio"} for r in rows)
+    assert [layer.qkv_proj.enabled for layer in m.decoder_layers] == before
+    if before[0]:  # oneDNN present: 3-row steps packed each projection once
+        assert all(layer.down_proj.num_packs == 1 for layer in m.decoder_layers)

@@ -68,3 +68,24 @@ def test_cuda_grouped_decode_matches_cpu():
             runner.prefill(s, list(range(1, n + 1)))
         out[dev] = torch.stack(runner.step([(s, [7]) for s in seqs]))
     torch.testing.assert_close(out["cuda"].cpu(), out["cpu"], atol=1e-3, rtol=0)
+
+
+def test_layers_and_steps_gather_into_one_reused_scratch_buffer():
+    hf = make_hf_model("llama")
+    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    m = PagedLlama(cfg)
+    load_hf_weights(m, hf.state_dict().__getitem__)
+    runner = PagedRunner(m, num_pages=64)
+    seqs = [Seq(), Seq()]
+    prompts = [list(range(1, 51)), list(range(2, 42))]  # 4 and 3 pages
+    for s, p in zip(seqs, prompts):
+        runner.prefill(s, p)
+    allocs = runner.kv.num_scratch_allocs  # the prefills attend over fresh keys only
+    for t in range(12):  # contexts up to 62 and 52: 2 x 4 padded pages, one buffer
+        runner.step([(s, [t + 3]) for s in seqs])
+    assert runner.kv.num_scratch_allocs == allocs + 1
+    assert runner.kv._scratch is not None and runner.kv._scratch.shape[1] == 8
+    # and the last step still equals transformers
+    last = runner.step([(s, [9]) for s in seqs])
+    for s, got in zip(seqs, last):
+        torch.testing.assert_close(got, hf_logits(hf, s.tokens)[-1], atol=2e-4, rtol=1e-4)
