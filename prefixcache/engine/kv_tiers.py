@@ -77,6 +77,7 @@ class KVTiers:
         self.estimates = LoadEstimator(config.tier_load_policy)
         self.write_through = config.tier_write_policy == "write_through"
         self.hit_tokens = {t.name: 0 for t in self.tiers}
+        self.remote: list[Tier] = []  # shared tiers (L4): asked by lookup_run, not contains
         self.token_mismatches = 0
         self.export_bytes = 0
         self.closed = False
@@ -87,6 +88,7 @@ class KVTiers:
         """Append a shared tier (L4) to the lookup chain. It is not in the write-back
         queue: ``engine/kv_store.py`` stores into it at publication."""
         self.tiers.append(tier)
+        self.remote.append(tier)
         self.hit_tokens[tier.name] = 0
 
     @property
@@ -180,16 +182,27 @@ class KVTiers:
     def _plan(self, hashes: list[bytes]) -> list[tuple[Tier, list[bytes]]]:
         """The leading pages any tier holds, each from the fastest tier holding it, as
         runs of consecutive pages from one tier (host RAM may hold a chain's tail while
-        only the disk still holds its head)."""
+        only the disk still holds its head). The local tiers answer ``contains`` from
+        memory; where they stop, each shared tier is asked once for its run
+        (``lookup_run``: one pipelined round trip)."""
         plan: list[tuple[Tier, list[bytes]]] = []
-        for h in hashes:
-            tier = next((t for t in self.tiers if t.contains(h)), None)
+        local = [t for t in self.tiers if t not in self.remote]
+        i = 0
+        for i, h in enumerate(hashes):  # noqa: B007 (i is the first page no local tier has)
+            tier = next((t for t in local if t.contains(h)), None)
             if tier is None:
                 break
             if plan and plan[-1][0] is tier:
                 plan[-1][1].append(h)
             else:
                 plan.append((tier, [h]))
+        else:
+            return plan
+        for tier in self.remote:
+            n = tier.lookup_run(hashes[i:])
+            if n:
+                plan.append((tier, list(hashes[i:i + n])))
+                break
         return plan
 
     def _worth_loading(self, plan: list[tuple[Tier, list[bytes]]]
