@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint bench peers clean-venv
+.PHONY: demo test lint bench peers clean-venv redis
 
 $(BIN)/prefixcache: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,8 +22,12 @@ $(BIN)/prefixcache: pyproject.toml constraints.txt
 demo: $(BIN)/prefixcache
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/prefixcache demo
 
-test: $(BIN)/prefixcache lint
+test: $(BIN)/prefixcache lint redis
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest tests
+
+# the shared KV tier's tests start a real redis-server (installed as root when absent)
+redis:
+	bash scripts/ensure_redis.sh
 
 lint: $(BIN)/prefixcache
 	$(BIN)/ruff check prefixcache tests scripts

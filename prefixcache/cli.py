@@ -20,9 +20,11 @@ SUBCOMMANDS = {
     "generate": "prefixcache.engine.cli",
     "demo": "prefixcache.engine.demo",
     "serve": "prefixcache.server.cli",
+    "router": "prefixcache.router.cli",
     "bench": "prefixcache.bench.cli",
     "bench-cache": "prefixcache.bench.cache_core",
     "bench-engine": "prefixcache.bench.engine_perf",
+    "gateway": "prefixcache.gateway.cli",
     "analyze": "prefixcache.analyze.cli",
 }
 

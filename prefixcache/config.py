@@ -104,6 +104,26 @@ class EngineConfig:
             (``prefixcache/cache/quotas.py``).
         tenant_quotas: per-tenant shares overriding ``tenant_quota_fraction`` (the
             server fills it from the key file).
+        kv_events_endpoint: ZeroMQ address the engine binds to publish KV events
+            (vLLM's schema, ``engine/kv_events.py``), e.g. ``tcp://127.0.0.1:5557``;
+            ``None`` publishes nothing.
+        kv_events_replay_endpoint: ZeroMQ address of the replay socket (needs
+            ``kv_events_endpoint``); ``None`` for no replay.
+        kv_store_url: the shared KV tier (L4), ``redis://HOST:PORT/DB`` (Redis or
+            Valkey); ``None`` for none (flag ``--kv-store``).
+        kv_store_ttl_s: lifetime of a page in the shared tier, seconds.
+        kv_store_timeout_s: time budget of every call to the shared tier, seconds.
+        kv_store_lock_wait_s: longest a request waits for another replica computing
+            the same cold prefix, seconds; ``0`` never waits.
+        host_cache_bytes: byte budget of the host-RAM KV tier (L2); ``0`` turns it off.
+        disk_cache_dir: directory of the disk KV tier (L3); ``None`` turns it off.
+        disk_cache_bytes: byte budget of the disk tier (bytes of its files).
+        tier_write_policy: ``"write_back"`` (pages are written down when evicted from
+            the pool) or ``"write_through"`` (pages are written down when they are hit).
+        tier_load_policy: ``"auto"`` (load a tier hit only when loading is estimated to
+            beat recomputing) or ``"always"``.
+        tier_store_queue: bound of the asynchronous store queue (page groups); a store
+            beyond it is dropped and counted.
 
     Raises:
         ValueError: a field out of range; the message starts with the field's name.
@@ -147,6 +167,36 @@ class EngineConfig:
     num_threads: int | None = field(default=None, metadata=_opt(
         "torch intra-op CPU threads, set process-wide", "threads",
         default="torch's own setting"))
+    kv_events_endpoint: str | None = field(default=None, metadata=_opt(
+        "ZeroMQ address to bind for KV events (vLLM schema), e.g. tcp://127.0.0.1:5557",
+        default="no events"))
+    kv_events_replay_endpoint: str | None = field(default=None, metadata=_opt(
+        "ZeroMQ address to bind for KV event replay (needs --kv-events-endpoint)",
+        default="no replay"))
+    kv_store_url: str | None = field(default=None, metadata=_opt(
+        "shared KV tier (L4): redis://HOST:PORT/DB (Redis or Valkey)", default="none",
+        flag="--kv-store"))
+    kv_store_ttl_s: float = field(default=3600.0, metadata=_opt(
+        "lifetime of a page in the shared KV tier", "seconds"))
+    kv_store_timeout_s: float = field(default=0.1, metadata=_opt(
+        "time budget of every call to the shared KV tier", "seconds"))
+    kv_store_lock_wait_s: float = field(default=2.0, metadata=_opt(
+        "longest wait for another replica computing the same cold prefix (0: never)",
+        "seconds"))
+
+    host_cache_bytes: int = field(default=0, metadata=_opt(
+        "host-RAM KV tier (L2) budget, 0 for none", "bytes"))
+    disk_cache_dir: str | None = field(default=None, metadata=_opt(
+        "directory of the disk KV tier (L3)", default="none (no disk tier)"))
+    disk_cache_bytes: int = field(default=8 << 30, metadata=_opt(
+        "disk KV tier (L3) budget", "bytes"))
+    tier_write_policy: str = field(default="write_back", metadata=_opt(
+        "when pages are written to the KV tiers: write_back (on eviction) or "
+        "write_through (when hit)"))
+    tier_load_policy: str = field(default="auto", metadata=_opt(
+        "auto (load a tier hit only when estimated faster than recompute) or always"))
+    tier_store_queue: int = field(default=16, metadata=_opt(
+        "bound of the KV tier store queue; stores beyond it are dropped", "page groups"))
 
     max_pinned_fraction: float = field(default=0.5, metadata=_opt(
         "most pinned (TTL) pages, as a share of the KV pool; 0 disables pinning", "share"))
@@ -182,6 +232,15 @@ class EngineConfig:
         for name, f in [("tenant_quota_fraction", self.tenant_quota_fraction)] + [
                 (f"tenant_quotas[{t!r}]", f) for t, f in (self.tenant_quotas or {}).items()]:
             need(f is None or 0.0 < f <= 1.0, name, f"must be in (0, 1], got {f}")
+        need(self.host_cache_bytes >= 0, "host_cache_bytes", "must be >= 0")
+        need(self.disk_cache_bytes >= 1, "disk_cache_bytes", "must be >= 1")
+        need(self.disk_cache_dir is None or bool(self.disk_cache_dir), "disk_cache_dir",
+             "must be a non-empty path or None")
+        need(self.tier_write_policy in ("write_back", "write_through"), "tier_write_policy",
+             f"must be write_back or write_through, got {self.tier_write_policy!r}")
+        need(self.tier_load_policy in ("auto", "always"), "tier_load_policy",
+             f"must be auto or always, got {self.tier_load_policy!r}")
+        need(self.tier_store_queue >= 1, "tier_store_queue", "must be >= 1")
         need(isinstance(self.hash_root_seed, str) and bool(self.hash_root_seed),
              "hash_root_seed", "must be a non-empty string")
         try:
@@ -192,6 +251,16 @@ class EngineConfig:
              f"must be cpu, cuda or cuda:N, got {self.device!r}")
         need(dev.type != "cuda" or torch.cuda.is_available(), "device",
              f"{self.device!r} asked for, but this torch build or machine has no CUDA")
+        need(self.kv_store_ttl_s > 0, "kv_store_ttl_s", f"must be > 0, got {self.kv_store_ttl_s}")
+        need(self.kv_store_timeout_s > 0, "kv_store_timeout_s",
+             f"must be > 0, got {self.kv_store_timeout_s}")
+        need(self.kv_store_lock_wait_s >= 0, "kv_store_lock_wait_s",
+             f"must be >= 0, got {self.kv_store_lock_wait_s}")
+        need(self.kv_store_url is None or self.kv_store_url.startswith(
+            ("redis://", "rediss://", "unix://", "valkey://")), "kv_store_url",
+             f"must be redis://HOST:PORT/DB, got {self.kv_store_url!r}")
+        need(self.kv_events_replay_endpoint is None or bool(self.kv_events_endpoint),
+             "kv_events_replay_endpoint", "needs kv_events_endpoint")
         need(-(1 << 63) <= self.seed < (1 << 64), "seed",
              f"must fit in 64 bits, got {self.seed}")
 

@@ -19,3 +19,14 @@ from helpers.data import data_root, shared_data  # noqa: F401  (re-exported)
 def shared_data_path():
     """Fixture form of :func:`shared_data`: call it with a folder name."""
     return shared_data
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real ``redis-server`` on 127.0.0.1 (see ``tests/helpers/redis_server.py``);
+    tests flush it with ``FLUSHALL`` where they need it empty."""
+    from helpers.redis_server import RedisServer
+
+    srv = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield srv
+    srv.stop()

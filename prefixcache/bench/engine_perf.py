@@ -10,6 +10,10 @@ Suites (``--suite``, repeatable; default all):
   over a precomputed cache (``DynamicCache``, cropped back after each run).
 * ``cold-burst`` (issue 6): 8 identical cold 2,048-token requests at once against one
   alone: prefill tokens computed and time until the last first token, as ratios.
+* ``decode`` (issue 13): TPOT against context for 1 and 8 sequences (ours, transformers
+  with and without its KV cache), the engine's per-step host overhead breakdown, the
+  single-sequence step against the weight-bandwidth bound; see
+  :mod:`prefixcache.bench.decode_perf`. Writes ``tpot_vs_context.png`` beside the JSON.
 * ``deterministic`` (issue 6): throughput of a mixed workload with ``deterministic=True``
   against the default mode, and the largest |Δ logit| between a warm and a cold run in the
   default mode (exactly 0 in deterministic mode).
@@ -29,6 +33,7 @@ from typing import Any
 
 import torch
 
+from prefixcache.bench import decode_perf, decode_report
 from prefixcache.engine.args import add_engine_args
 from prefixcache.model.registry import DEFAULT_MODEL
 
@@ -225,7 +230,7 @@ def suite_deterministic(model_dir: Path, dtype: str, repeats: int) -> dict:
 
 
 SUITES = {"prefill": suite_prefill, "cold-burst": suite_cold_burst,
-          "deterministic": suite_deterministic}
+          "deterministic": suite_deterministic, "decode": decode_perf.suite_decode}
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -274,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
         results[name] = res
         print(json.dumps(res, indent=2))
     results_path.write_text(json.dumps(results, indent=2))
+    if "decode" in results:
+        decode_report.plot_tpot(results["decode"], out_dir / "tpot_vs_context.png")
     (out_dir / "engine.md").write_text(render_markdown(results))
     return 0
 
@@ -313,4 +320,6 @@ def render_markdown(results: dict) -> str:
                   f"- largest |Δ logit| warm vs cold (992 of 1,000 tokens cached): default "
                   f"{r['max_abs_dlogit_warm_vs_cold']['default']:.2e}, deterministic "
                   f"{r['max_abs_dlogit_warm_vs_cold']['deterministic']:.2e}", ""]
+    if "decode" in results:
+        lines += decode_report.render_markdown(results["decode"], results["decode"]["meta"])
     return "\n".join(lines)

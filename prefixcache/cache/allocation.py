@@ -11,6 +11,7 @@ computing it too (DESIGN.md, "Coordination").
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import NamedTuple
 
 from prefixcache.cache.inflight import InflightRegistry
 from prefixcache.cache.page_keys import PageKeys
@@ -18,6 +19,18 @@ from prefixcache.cache.page_pool import PagePool
 from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.prefix_index import PrefixIndex
 from prefixcache.cache.stats import CacheCounters
+
+
+class EvictedPage(NamedTuple):
+    """A published page being evicted: its pool id, hash and token bytes (``<I`` per
+    token). Its KV is intact until the next model step writes the page."""
+
+    page: int
+    page_hash: bytes
+    token_bytes: bytes
+
+
+EvictHook = Callable[[list[EvictedPage]], None]
 
 
 class Allocator:
@@ -37,6 +50,7 @@ class Allocator:
         self.victim = victim or (lambda tenant: pool.oldest_cached())
         self.counters, self.drop_cached, self.enabled = counters, drop_cached, enabled
         self.block_size = keys.block_size
+        self.on_evict: EvictHook | None = None  # write-back to the KV tiers
 
     def pages_needed(self, pt: PageTable, num_new_tokens: int) -> int:
         """New pages for ``num_new_tokens`` more tokens after ``num_computed_tokens``."""
@@ -58,11 +72,20 @@ class Allocator:
         need = self.pages_needed(pt, num_new_tokens)
         if need > pool.num_allocatable:
             return False
+        evicted: list[EvictedPage] = []
         for _ in range(need):
-            if not pool.num_free:  # evict a cached-free page
-                self.drop_cached(self.victim(pt.tenant))  # type: ignore[arg-type]
+            if not pool.num_free:  # evict a cached-free page (quotas, then LRU, pins last)
+                victim: int = self.victim(pt.tenant)  # type: ignore[assignment]
+                if self.on_evict is not None:
+                    key = self.index.page_key[victim]
+                    h = self.index.page_hash[victim]
+                    if key is not None and h is not None:
+                        evicted.append(EvictedPage(victim, h, key[1]))
+                self.drop_cached(victim)
                 self.counters.evictions += 1
             pt.pages.append(pool.pop_free(pt.tenant))  # type: ignore[arg-type]
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)  # before any step overwrites them
         if self.enabled and None not in pt.chain_refs[-1:]:
             first = max(pt.num_computed_tokens // bs, len(pt.chain_refs))
             last = min(-(-end // bs), len(pt.token_ids) // bs)

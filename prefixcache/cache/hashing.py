@@ -96,6 +96,19 @@ _U32 = next(c for c in "IL" if array(c).itemsize == 4)
 _BYTESWAP = sys.byteorder == "big"
 
 
+def bytes_to_tokens(raw: bytes) -> list[int]:
+    """The inverse of :func:`tokens_to_bytes`.
+
+    Raises:
+        ValueError: ``len(raw)`` is not a multiple of 4.
+    """
+    arr = array(_U32)
+    arr.frombytes(raw)
+    if _BYTESWAP:
+        arr.byteswap()
+    return arr.tolist()
+
+
 class PageHasher:
     """Computes chain roots and page hashes for one model.
 

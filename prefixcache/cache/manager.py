@@ -27,7 +27,8 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from prefixcache.cache.allocation import Allocator
+from prefixcache.cache.allocation import Allocator, EvictHook
+from prefixcache.cache.events import CacheEventLog
 from prefixcache.cache.hashing import HashFn, PageHasher
 from prefixcache.cache.hits import HitFinder, Probe
 from prefixcache.cache.inflight import InflightRegistry
@@ -200,6 +201,12 @@ class KVCacheManager:
         if page is not None and self.pool.pinned[page] and self.pins.expire():
             page = self.quotas.victim(self.pool, tenant)
         return page
+    def set_evict_hook(self, hook: EvictHook | None) -> None:
+        """Call ``hook`` with the published pages an allocation evicts, once per
+        allocation, after their index entries are gone and before the caller's step can
+        overwrite them (write-back to the KV tiers). It must not call back into the
+        manager."""
+        self._alloc.on_evict = hook
 
     # -- allocation --------------------------------------------------------------------
     def pages_needed(self, pt: PageTable, num_new_tokens: int) -> int:
@@ -262,6 +269,13 @@ class KVCacheManager:
             self.pins.on_drop(page)  # its pins lapse
         self.pool.unpublish_cached(page)  # it raises for any state but cached-free
         self.index.remove(page)
+
+    def record_events(self) -> CacheEventLog:
+        """Start recording every page entering or leaving the index (for KV events);
+        the caller drains the returned log. Idempotent."""
+        if self.index.events is None:
+            self.index.events = CacheEventLog(self.block_size)
+        return self.index.events
 
     # -- accounting --------------------------------------------------------------------
     def record_query(self, num_prompt_tokens: int, num_cached_tokens: int,

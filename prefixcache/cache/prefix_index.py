@@ -13,6 +13,8 @@ when every entry on its parent chain is still indexed (:meth:`PrefixIndex.reacha
 """
 from __future__ import annotations
 
+from prefixcache.cache.events import CacheEventLog
+
 ParentRef = bytes | int  # root key (page 0) or the parent's entry id
 PageKey = tuple  # (parent_ref, token_bytes, extra_bytes)
 
@@ -29,6 +31,7 @@ class PrefixIndex:
         self._next_entry = 1
         self.collisions = 0  # lookups whose hash matched but whose key did not
         self.generation = 0  # bumped by every insert and remove (memoised hits check it)
+        self.events: CacheEventLog | None = None  # told of every insert and remove
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -68,6 +71,11 @@ class PrefixIndex:
         self.generation += 1
         self.entry_id[page] = eid
         self._page_of_entry[eid] = page
+        if self.events is not None:
+            parent = key[0]
+            parent_page = None if isinstance(parent, bytes) else self._page_of_entry.get(parent)
+            self.events.stored(page_hash, None if parent_page is None
+                               else self.page_hash[parent_page], key[1])
         return eid
 
     def remove(self, page: int) -> bytes | None:
@@ -82,6 +90,8 @@ class PrefixIndex:
         self.page_hash[page] = None
         self.page_key[page] = None
         self.entry_id[page] = 0
+        if self.events is not None:
+            self.events.removed(h)
         return h
 
     def page_of_entry(self, entry_id: int) -> int | None:

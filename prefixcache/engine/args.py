@@ -5,7 +5,8 @@
 ``max_num_seqs`` becomes ``--max-num-seqs``, its help (with unit and default) comes from
 the field's metadata. ``--seed`` is always the engine seed. Booleans that default to
 ``False`` are switches (``--deterministic``); ``enable_prefix_caching`` is switched off
-by ``--no-prefix-caching``. ``kv_cache_bytes`` is given in GiB (``--kv-cache-gib``).
+by ``--no-prefix-caching``. ``kv_cache_bytes``, ``host_cache_bytes`` and ``disk_cache_bytes``
+are given in GiB (``--kv-cache-gib``, ``--host-cache-gib``, ``--disk-cache-gib``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ GIB = 1 << 30
 
 # Fields whose flag differs from the field: flag (its dest is the flag's name), argparse
 # type, field value per flag unit, unit.
-_FLAG_OVERRIDES = {"kv_cache_bytes": ("--kv-cache-gib", float, GIB, "GiB")}
+_FLAG_OVERRIDES = {"kv_cache_bytes": ("--kv-cache-gib", float, GIB, "GiB"),
+                   "host_cache_bytes": ("--host-cache-gib", float, GIB, "GiB"),
+                   "disk_cache_bytes": ("--disk-cache-gib", float, GIB, "GiB")}
 _NEGATED = {"enable_prefix_caching": "--no-prefix-caching"}
 _TYPES = {"int": int, "float": float, "str": str}
 
@@ -101,7 +104,7 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
             parser.add_argument(_NEGATED[f.name], dest=f.name, action="store_false",
                                 default=default, help=f"do not {f.metadata['help']}")
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
             if default:  # a switch can only turn a False default on
                 raise ValueError(f"defaults: {f.name} has no --no- flag; add it to _NEGATED")

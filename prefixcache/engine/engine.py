@@ -21,7 +21,11 @@ import torch
 
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.pins import PinCapError
+from prefixcache.cache.tiers.redis_store import RedisTier
 from prefixcache.config import EngineConfig
+from prefixcache.engine.kv_events import KVEventPublisher
+from prefixcache.engine.kv_store import SharedKVStore
+from prefixcache.engine.kv_tiers import KVTiers, model_fingerprint
 from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
 from prefixcache.engine.request import Request, RequestStatus
@@ -63,6 +67,8 @@ class LLMEngine:
         self.tokenizer = self.loaded.tokenizer
         mc = self.model_config
         bs = config.block_size
+        # one key everywhere: weights, KV dtype, block size and KV layout in every root
+        self.fingerprint = model_fingerprint(self.loaded.cache_id, config.torch_dtype, bs)
         self.runner = ModelRunner(self.model, mc, config)
         num_pages = self.runner.num_pages
         limit = mc.check_max_model_len(config.max_model_len, config.allow_long_context)
@@ -74,19 +80,40 @@ class LLMEngine:
             else f"the maximum context length (max_model_len) is {self.max_model_len} tokens")
         self.cache = KVCacheManager(num_pages, bs,
                                     enable_prefix_caching=config.enable_prefix_caching,
-                                    model_id=self.loaded.cache_id,
+                                    model_id=self.fingerprint,
                                     root_seed=config.hash_root_seed,
                                     shuffle_seed=config.shuffle_seed,
                                     max_pinned_fraction=config.max_pinned_fraction,
                                     tenant_quota_fraction=config.tenant_quota_fraction,
                                     tenant_quotas=config.tenant_quotas)
         self.scheduler = Scheduler(config, self.cache, clock)
+        self.tiers: KVTiers | None = None
+        self.shared: SharedKVStore | None = None
+        if config.enable_prefix_caching and (config.host_cache_bytes or config.disk_cache_dir
+                                             or config.kv_store_url):
+            self.tiers = KVTiers(config, self.cache, self.runner.kv, self.fingerprint)
+            self.scheduler.extend_hit = self.tiers.extend_hit
+            if config.kv_store_url:
+                remote = RedisTier(config.kv_store_url, self.tiers.fingerprint,
+                                   ttl_s=config.kv_store_ttl_s,
+                                   timeout_s=config.kv_store_timeout_s)
+                self.tiers.add_remote(remote)
+                self.shared = SharedKVStore(config, self.cache, self.runner.kv, remote,
+                                            self.tiers.estimates)
+                self.scheduler.remote_wait = self.shared.should_wait
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
         self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "steps": 0, "failed_steps": 0, "requests_finished": 0,
                          "requests_aborted": 0}
         self._pending_outputs: list[RequestOutput] = []
+        self.kv_events: KVEventPublisher | None = None
+        if config.kv_events_endpoint or self.shared is not None:
+            self._event_log = self.cache.record_events()
+        if config.kv_events_endpoint:
+            self.kv_events = KVEventPublisher(
+                config.kv_events_endpoint, config.kv_events_replay_endpoint,
+                model=self.loaded.model_id, medium="GPU" if self.device.type == "cuda" else "CPU")
 
     # -- requests ------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -171,6 +198,8 @@ class LLMEngine:
         req.freeze_cached()
         self.scheduler.remove(req)
         self.requests.pop(req.request_id, None)
+        if self.shared is not None:
+            self.shared.forget(req.request_id)
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -179,15 +208,35 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs, []
         plan = self.scheduler.schedule()
         if not plan.scheduled:
+            self._send_events()
+            if self.shared is not None and self.shared.waiting and not outputs:
+                time.sleep(0.002)  # only followers of another replica: do not spin
             return outputs
         self.counters["steps"] += 1
+        t0 = time.perf_counter()
         try:
             result = self.runner.run(plan.scheduled)
         except Exception as exc:  # the engine keeps serving; the step's requests fail
             log.exception("model step failed")
+            self._send_events()
             return outputs + self._fail(plan.scheduled, exc)
+        if self.tiers is not None and any(s.request.in_prefill for s in plan.scheduled):
+            self.tiers.estimates.observe_prefill(time.perf_counter() - t0,
+                                                 sum(s.num_tokens for s in plan.scheduled))
         self._publish(plan.scheduled, result)
+        self._send_events()
         return outputs + self._emit(result)
+
+    def _send_events(self) -> None:
+        """Hand the step's index changes to the KV event publisher and the shared tier's
+        store queue (both asynchronous)."""
+        if self.kv_events is None and self.shared is None:
+            return
+        events = self._event_log.drain()
+        if self.kv_events is not None:
+            self.kv_events.publish(events)
+        if self.shared is not None and events:
+            self.shared.publish(events)
 
     def _fail(self, scheduled: list[ScheduledSeq], exc: Exception) -> list[RequestOutput]:
         """Publish nothing, withdraw the step's in-flight pages, finish its requests."""
@@ -247,6 +296,10 @@ class LLMEngine:
         d.update(requests_running=len(self.scheduler.running),
                  requests_waiting=len(self.scheduler.waiting),
                  num_preemptions=self.scheduler.num_preemptions)
+        if self.tiers is not None:
+            d.update(self.tiers.stats())
+        if self.shared is not None:
+            d.update(self.shared.stats())
         return d
 
     def tenant_pages(self, tenants: Iterable[str] = ()
@@ -277,7 +330,22 @@ class LLMEngine:
             raise ParamError("prefix_hash", f"must be a hex string, got {prefix_hash!r}"
                              ) from None
         return self.cache.pins.unpin(tenant, key)
+    def close(self) -> None:
+        """Finish the queued KV tier stores and stop their worker, and close the KV
+        event sockets (idempotent). The engine keeps serving from the pool alone
+        afterwards."""
+        if self.shared is not None:
+            self.shared.close()  # before the tiers close their clients
+        if self.tiers is not None and not self.tiers.closed:
+            self.scheduler.extend_hit = None
+            self.cache.set_evict_hook(None)
+            self.tiers.close()  # its counters stay readable in stats()
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
 
     def reset_prefix_cache(self):
         """Drop unreferenced cached pages; running requests are unaffected."""
-        return self.cache.reset()
+        report = self.cache.reset()
+        self._send_events()
+        return report

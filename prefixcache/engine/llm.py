@@ -162,6 +162,10 @@ class LLM:
         """Remove one of the tenant's pins; ``False`` if it has none by that hash.
         Raises ParamError if ``prefix_hash`` is not hex."""
         return self.engine.unpin(prefix_hash, tenant)
+    def close(self) -> None:
+        """Write the pool's cached pages to the KV tiers and finish their stores (a no-op
+        without tiers); the LLM keeps working from the pool alone afterwards."""
+        self.engine.close()
 
     def stats(self) -> dict[str, int | float]:
         """``prefix_cache_queries``, ``prefix_cache_hits`` (tokens), ``hit_rate``,

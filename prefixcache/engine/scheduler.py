@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prefixcache.cache.manager import KVCacheManager
+from prefixcache.cache.page_table import PageTable
 from prefixcache.config import EngineConfig
 from prefixcache.engine.request import Request, RequestStatus
 
@@ -68,6 +69,10 @@ class Scheduler:
         self.running: dict[str, Request] = {}  # by request id, in admission order
         self._admit_counter = 0
         self.num_preemptions = 0
+        # continues an admitted request's hit into the KV tiers (engine/kv_tiers.py)
+        self.extend_hit: Callable[[PageTable], int] | None = None
+        # whether a waiting request waits for another replica's pages (engine/kv_store.py)
+        self.remote_wait: Callable[[Request], bool] | None = None
 
     # -- queue operations ------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -177,6 +182,8 @@ class Scheduler:
             follows = probe.next_owner in self.running
             if budget <= 0 and not follows:
                 continue
+            if not follows and self.remote_wait is not None and self.remote_wait(req):
+                continue  # another replica computes its cold prefix: stay waiting
             hit = len(probe.hit_pages) * self.cache.block_size
             n = min(len(req.all_token_ids) - hit, budget)
             pages = -(-(hit + n) // self.cache.block_size) - len(probe.hit_pages)
@@ -194,6 +201,8 @@ class Scheduler:
                 req.metrics.first_scheduled_time = self.clock()
             if follows:  # the page after its hits is computed by a running request
                 continue
+            if self.extend_hit is not None:
+                self.extend_hit(pt)
             n = min(req.num_tokens_to_compute, budget)
             if n <= 0 or not self.cache.allocate(pt, n):
                 # Cannot compute now after all: undo the admission, keep its place.

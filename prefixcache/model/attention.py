@@ -2,17 +2,19 @@
 context KV gathered through its page table, with
 ``torch.nn.functional.scaled_dot_product_attention``.
 
-Decode tokens (one query each) of two or more sequences are batched: their page tables
-are padded to the longest, the pages gathered in one ``index_select`` per layer, and one
-SDPA call masks each row's keys beyond its context. Prefill chunks attend one sequence
-at a time (their shapes differ too much to pad cheaply).
+Decode tokens (one query each) are batched: the decoding sequences of a step are split,
+longest first, into groups of similar length (padding a group's page tables to its
+longest adds at most ``PAD_SLACK`` of the pages it holds, so one long context does not
+make every short one gather as many pages); per group and layer the pages are gathered in
+one ``index_select`` and one SDPA call masks each row's keys beyond its context.
+Prefill chunks attend one sequence at a time (their shapes differ too much to pad cheaply).
 
 A step's plan (masks, padded page tables) is built once (on the device) and shared by
 every layer with the same sliding window.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -57,8 +59,37 @@ class DecodeGroup:
 
 @dataclass
 class AttentionPlan:
+    """A step's attention for layers of one window: ``seqs`` attend one at a time, each
+    of ``decode`` in one call."""
+
     seqs: list[SeqAttention]
-    decode: DecodeGroup | None = None
+    decode: list[DecodeGroup] = field(default_factory=list)
+
+    @property
+    def decode_pages_gathered(self) -> int:
+        """Pages each layer gathers for the decode groups (padding included)."""
+        return sum(g.page_table.numel() for g in self.decode)
+
+
+PAD_SLACK = 0.25
+
+
+def decode_groups(seqs: list[SeqChunk]) -> list[list[SeqChunk]]:
+    """``seqs`` split into groups, longest page table first: a sequence joins the current
+    group while padding every table of it to its longest adds at most ``PAD_SLACK`` of
+    the pages the group holds."""
+    groups: list[list[SeqChunk]] = []
+    held = 0
+    for s in sorted(seqs, key=lambda s: -len(s.page_table)):
+        n = len(s.page_table)
+        if groups and (len(groups[-1]) + 1) * len(groups[-1][0].page_table) <= (
+                1 + PAD_SLACK) * (held + n):
+            groups[-1].append(s)
+            held += n
+        else:
+            groups.append([s])
+            held = n
+    return groups
 
 
 def _plan_decode(seqs: list[SeqChunk], window: int | None, block_size: int,
@@ -81,13 +112,14 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
     """Masks of a step for layers with attention window ``window`` (tokens, or ``None``).
 
     The query at position ``p`` sees keys ``j`` with ``j <= p`` and, with a window,
-    ``j > p - window``. With ``block_size`` given, decode rows of two or more sequences
-    whose keys are not all new are batched (:class:`DecodeGroup`).
+    ``j > p - window``. With ``block_size`` given, the decode rows of sequences whose
+    keys are not all new are batched (:class:`DecodeGroup` per :func:`decode_groups`,
+    even for one sequence: its grouped-query layout is faster than ``enable_gqa``).
     """
     decode = [s for s in seqs if s.q_len == 1 and s.ctx_len > 1]
-    group = None
-    if block_size is not None and len(decode) >= 2:
-        group = _plan_decode(decode, window, block_size, device)
+    groups = []
+    if block_size is not None and decode:
+        groups = [_plan_decode(g, window, block_size, device) for g in decode_groups(decode)]
         batched = {id(s) for s in decode}
         seqs = [s for s in seqs if id(s) not in batched]
     plans = []
@@ -104,7 +136,7 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
         if window is not None:
             mask &= k_pos > q_pos - window
         plans.append(SeqAttention(s, key_start, False, mask))
-    return AttentionPlan(plans, group)
+    return AttentionPlan(plans, groups)
 
 
 def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: KVPool,
@@ -116,8 +148,8 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads / kv_heads)``.
     """
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if plan.decode is not None:
-        _decode_attention(q, kv, layer, plan.decode, out)
+    for g in plan.decode:
+        _decode_attention(q, kv, layer, g, out)
     same_dtype = kv.k[layer].dtype == k_new.dtype
     for p in plan.seqs:
         s = p.seq
@@ -142,11 +174,10 @@ def _decode_attention(q: torch.Tensor, kv: KVPool, layer: int, g: DecodeGroup,
                       out: torch.Tensor) -> None:
     """One SDPA call for a :class:`DecodeGroup`; writes its rows of ``out``."""
     b, pages = g.page_table.shape
-    kh, vh = kv.k[layer], kv.v[layer]
-    flat = g.page_table.reshape(-1)
+    k, v = kv.gather_pages(layer, g.page_table.reshape(-1))
     # [B * P, bs, kvh, d] -> [B, kvh, P * bs, d]
-    k = kh.index_select(0, flat).view(b, pages * kh.shape[1], kh.shape[2], kh.shape[3])
-    v = vh.index_select(0, flat).view(b, pages * vh.shape[1], vh.shape[2], vh.shape[3])
+    k = k.view(b, pages * k.shape[1], k.shape[2], k.shape[3])
+    v = v.view(b, pages * v.shape[1], v.shape[2], v.shape[3])
     k, v = k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype)
     # GQA without enable_gqa: the query heads sharing a KV head become that head's query
     # rows ([B, kvh, heads // kvh, d]); measured 2x faster than enable_gqa on CPU.

@@ -3,7 +3,10 @@
 Shape per layer: ``[num_pages, block_size, num_kv_heads, head_dim]``. Memory in bytes:
 ``2 * num_layers * num_pages * block_size * num_kv_heads * head_dim * dtype.itemsize``.
 Which page belongs to whom is decided by ``prefixcache.cache``; this module only holds
-the tensors.
+the tensors, and one reused scratch buffer that attention gathers pages into (K and V of
+the most pages one layer of a step gathered, rounded up to a power of two).
+:meth:`KVPool.export_pages` / :meth:`KVPool.import_pages` are the one way page contents
+leave and enter the pool (the KV tiers below it).
 """
 from __future__ import annotations
 
@@ -26,6 +29,52 @@ class KVPool:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_pages = num_pages
         self.block_size = block_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._scratch: torch.Tensor | None = None  # reused by gather_pages / gather_range
+        self.num_scratch_allocs = 0
+
+    @property
+    def page_shape(self) -> tuple[int, ...]:
+        """Shape of one exported page: ``(2, num_layers, block_size, num_kv_heads,
+        head_dim)`` (K then V, layer by layer)."""
+        k = self.k[0]
+        return (2, len(self.k), k.shape[1], k.shape[2], k.shape[3])
+
+    def export_pages(self, page_ids: list[int]) -> torch.Tensor:
+        """Copy pages out of the pool: ``[len(page_ids), *page_shape]`` on the pool's
+        device, contiguous (page-major, so each page's bytes are one run).
+
+        Raises:
+            ValueError: ``page_ids`` is empty or holds an id outside ``[0, num_pages)``."""
+        idx = self._index(page_ids)
+        out = torch.empty((len(page_ids), *self.page_shape), dtype=self.dtype,
+                          device=self.device)
+        for layer, (kh, vh) in enumerate(zip(self.k, self.v)):
+            out[:, 0, layer] = kh.index_select(0, idx)
+            out[:, 1, layer] = vh.index_select(0, idx)
+        return out
+
+    def import_pages(self, page_ids: list[int], data: torch.Tensor) -> None:
+        """Write pages' contents (from :meth:`export_pages`, possibly on another device or
+        after a round trip through bytes) into pool pages ``page_ids``.
+
+        Raises:
+            ValueError: bad ``page_ids``, or ``data`` is not ``[len(page_ids), *page_shape]``
+                of the pool's dtype."""
+        idx = self._index(page_ids)
+        if tuple(data.shape) != (len(page_ids), *self.page_shape) or data.dtype != self.dtype:
+            raise ValueError(f"data: expected {(len(page_ids), *self.page_shape)} "
+                             f"{self.dtype}, got {tuple(data.shape)} {data.dtype}")
+        data = data.to(self.device, non_blocking=True)
+        for layer, (kh, vh) in enumerate(zip(self.k, self.v)):
+            kh.index_copy_(0, idx, data[:, 0, layer])
+            vh.index_copy_(0, idx, data[:, 1, layer])
+
+    def _index(self, page_ids: list[int]) -> torch.Tensor:
+        if not page_ids or min(page_ids) < 0 or max(page_ids) >= self.num_pages:
+            raise ValueError(f"page_ids: need ids in [0, {self.num_pages}), got {page_ids}")
+        return torch.tensor(page_ids, dtype=torch.long, device=self.device)
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
@@ -55,11 +104,29 @@ class KVPool:
     def gather_range(self, layer: int, page_table: torch.Tensor, start: int, end: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """KV of positions ``[start, end)`` of one sequence, each
-        ``[end - start, kv_heads, head_dim]`` (copies only the pages that hold them)."""
+        ``[end - start, kv_heads, head_dim]`` (copies only the pages that hold them, into
+        the scratch buffer of :meth:`gather_pages`: valid until the next gather)."""
         bs = self.block_size
         first, last = start // bs, (end + bs - 1) // bs
-        pages = page_table[first:last]
+        k, v = self.gather_pages(layer, page_table[first:last])
         lo, hi = start - first * bs, end - first * bs
-        k = self.k[layer].index_select(0, pages).flatten(0, 1)[lo:hi]
-        v = self.v[layer].index_select(0, pages).flatten(0, 1)[lo:hi]
+        return k.flatten(0, 1)[lo:hi], v.flatten(0, 1)[lo:hi]
+
+    def gather_pages(self, layer: int, pages: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of ``pages`` (int64 ``[n]``), each ``[n, block_size, kv_heads,
+        head_dim]``, copied into a scratch buffer the pool keeps and reuses (grown to the
+        next power of two of pages when too small). Valid until the next
+        ``gather_pages`` / ``gather_range`` call: a step's layers gather one after another
+        into the same memory instead of allocating (and page-faulting in) fresh copies."""
+        n = int(pages.numel())
+        kh = self.k[layer]
+        if self._scratch is None or self._scratch.shape[1] < n:
+            cap = 1 << max(0, n - 1).bit_length()
+            self._scratch = torch.empty((2, cap, *kh.shape[1:]), dtype=kh.dtype,
+                                        device=kh.device)
+            self.num_scratch_allocs += 1
+        k, v = self._scratch[0, :n], self._scratch[1, :n]
+        torch.index_select(kh, 0, pages, out=k)
+        torch.index_select(self.v[layer], 0, pages, out=v)
         return k, v

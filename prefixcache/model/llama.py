@@ -15,9 +15,10 @@ the :class:`KVPool`; the engine's model runner picks one per engine:
 * deterministic (:func:`prefixcache.model.deterministic.forward_deterministic`):
   batch-invariant tiles; cost figures are in ``benchmarks/``.
 
-Limits: each sequence's context KV is gathered (copied) from its pages once per layer,
-and sequences attend one after another (no batched decode kernel). Sliding windows are
-applied by masking: all KV is kept, so outputs stay exact with prefix caching.
+Limits: each sequence's context KV is gathered (copied) from its pages once per layer
+(decode rows of similar length in one copy and one attention call per group, prefill
+chunks one sequence at a time). Sliding windows are applied by masking: all KV is kept,
+so outputs stay exact with prefix caching.
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ class DecoderLayer(nn.Module):
         q, then k, then v), qkv_bias or None; o_weight ``[hidden, heads * d]``, o_bias or
         None; post_norm ``[hidden]``; gate_up_weight ``[2 * intermediate, hidden]`` (gate
         rows first), gate_up_bias or None; down_weight ``[hidden, intermediate]``,
-        down_bias or None.
+        down_bias or None. ``qkv_proj``, ``o_proj``, ``gate_up_proj``, ``down_proj``: the
+        same weights as :class:`PackedLinear` (prepacked for steps of two rows or more).
     """
 
     def __init__(self, cfg: ModelConfig, device, dtype):
@@ -72,6 +74,11 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = p(2 * i) if cfg.mlp_bias else None
         self.down_weight = p(h, i)
         self.down_bias = p(h) if cfg.mlp_bias else None
+        # multi-row steps use oneDNN-prepacked weights (packed on first use)
+        self.qkv_proj = PackedLinear(self.qkv_weight, self.qkv_bias)
+        self.o_proj = PackedLinear(self.o_weight, self.o_bias)
+        self.gate_up_proj = PackedLinear(self.gate_up_weight, self.gate_up_bias)
+        self.down_proj = PackedLinear(self.down_weight, self.down_bias)
         self.q_size = cfg.num_attention_heads * d
         self.kv_size = cfg.num_key_value_heads * d
         self.head_dim = d
@@ -81,7 +88,7 @@ class DecoderLayer(nn.Module):
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Normed, projected, rotated q ``[N, heads, d]``, k and v ``[N, kv_heads, d]``
         for residual stream ``x [N, hidden]`` and RoPE ``cos``/``sin [N, d]``."""
-        qkv = F.linear(rms_norm(x, self.input_norm, self.eps), self.qkv_weight, self.qkv_bias)
+        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps))
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = apply_rope(qk.unflatten(-1, (-1, self.head_dim)), cos, sin)  # q and k together
         q, k = qk.split([self.q_size // self.head_dim, self.kv_size // self.head_dim], dim=1)
@@ -90,10 +97,9 @@ class DecoderLayer(nn.Module):
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
         ``attn [N, heads * d]``, then plus the SwiGLU MLP."""
-        x = x + F.linear(attn, self.o_weight, self.o_bias)
-        gate, up = F.linear(rms_norm(x, self.post_norm, self.eps),
-                            self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        x = x + self.o_proj(attn)
+        gate, up = self.gate_up_proj(rms_norm(x, self.post_norm, self.eps)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
 
 
 class PagedLlama(nn.Module):

@@ -131,3 +131,25 @@ def load_model(model: str, device: torch.device | str = "cpu",
     cache_id = f"gguf:{path.name}" if registry.is_converted(path) else ""
     return LoadedModel(net, config, tokenizer, model.rstrip("/") or model,
                        tokenizer.chat_template if tokenizer else None, path, cache_id)
+
+
+def load_tokenizer(model: str) -> tuple[Tokenizer | None, str]:
+    """The tokenizer of ``model`` (as :func:`load_model` gives it, chat template
+    included) and its ``cache_id``, without loading the weights: what a router needs to
+    compute the engines' page hashes.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`load_model`.
+    """
+    if model.startswith("builtin:"):
+        if model not in BUILTIN_MODELS:
+            raise ValueError(f"unknown builtin model {model!r}; "
+                             f"available: {', '.join(BUILTIN_MODELS)}")
+        return builtin.tiny_tokenizer(), model
+    path = registry.model_dir(model)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory not found: {path}")
+    config = ModelConfig.from_dir(path)
+    tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
+    cache_id = f"gguf:{path.name}" if registry.is_converted(path) else ""
+    return tokenizer, cache_id or (model.rstrip("/") or model)

@@ -1,5 +1,9 @@
 """``F.linear`` with the weight prepacked once for oneDNN (CPU, float32 only).
 
+Used for ``lm_head`` and for every linear layer of the decoder (fused q/k/v, output,
+fused gate/up, down): steps with two rows or more (batched decode, deterministic-mode
+tiles, prefill) run the packed kernel.
+
 On CPU, ``F.linear`` goes to MKL's sgemm, which repacks the whole weight on every call
 with two rows or more. For a vocabulary-sized ``lm_head`` in decode steps (a few rows)
 that copy dominates: on one core of this project's 2-core Xeon, a float32
@@ -22,29 +26,33 @@ BATCH_HINT = 8  # rows the packed layout is tuned for (decode batches)
 
 
 class PackedLinear:
-    """``y = x @ weight.T`` for ``x [N, in]`` and ``weight [out, in]``; float
-    ``[N, out]``. The packed copy (``out * in * 4`` bytes more memory) is made on the
-    first call with two rows or more and remade whenever ``weight`` is modified in place
-    (its version counter changes)."""
+    """``y = x @ weight.T + bias`` for ``x [N, in]``, ``weight [out, in]`` and ``bias
+    [out]`` or ``None``; ``[N, out]`` in ``x``'s dtype. The packed copy (``out * in * 4``
+    bytes more memory) is made on the first call with two rows or more and remade
+    whenever ``weight`` is modified in place (its version counter changes);
+    ``num_packs`` counts how often that happened."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
+        self.bias = bias
         self._packed: torch.Tensor | None = None
         self._version = -1
+        self.num_packs = 0
         self.enabled = (weight.device.type == "cpu" and weight.dtype == torch.float32
                         and torch.backends.mkldnn.is_available()
                         and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled or x.shape[0] < 2 or x.dtype != torch.float32 or x.dim() != 2:
-            return F.linear(x, self.weight)
+            return F.linear(x, self.weight, self.bias)
         if self._packed is None or self._version != self.weight._version:
             try:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(),
                                                                        BATCH_HINT)
             except RuntimeError:  # an oneDNN build without this path: stay on F.linear
                 self.enabled = False
-                return F.linear(x, self.weight)
+                return F.linear(x, self.weight, self.bias)
             self._version = self.weight._version
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none",
-                                                  [], "")
+            self.num_packs += 1
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
+                                                  "none", [], "")

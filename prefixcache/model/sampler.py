@@ -109,6 +109,18 @@ def _truncate(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
+def _sample_row(row: torch.Tensor, p: SamplingParams, counts: PenaltyCounts | None,
+                gen: torch.Generator | None) -> torch.Tensor:
+    """The token (a 0-d tensor on the row's device) picked from one row ``[V]`` of logits
+    (an exponential race for sampled rows)."""
+    row = apply_penalties(row, counts, p)
+    if p.temperature == 0.0:
+        return torch.argmax(row)
+    probs = _truncate(row, p).softmax(-1)
+    q = torch.empty_like(probs).exponential_(generator=gen)
+    return torch.argmax(probs / q)
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None], penalties: list[PenaltyCounts | None],
            default_generator: torch.Generator | None = None,
@@ -126,18 +138,14 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     Returns:
         The ``S`` token ids, and per row the logprobs if ``params[i].logprobs`` is set.
     """
-    rows = []
-    for i, p in enumerate(params):
-        row = apply_penalties(logits[i], penalties[i], p)
-        if p.temperature == 0.0:
-            rows.append(torch.argmax(row))
-            continue
-        row = _truncate(row, p)
-        probs = row.softmax(-1)
-        gen = generators[i] or default_generator
-        q = torch.empty_like(probs).exponential_(generator=gen)
-        rows.append(torch.argmax(probs / q))
-    tokens = torch.stack(rows).tolist() if rows else []
+    if params and all(p.temperature == 0.0 and c is None for p, c in zip(params, penalties)):
+        tokens = torch.argmax(logits, dim=-1).tolist()  # all greedy: one batched argmax
+    elif params:  # one device-to-host copy for the whole step
+        tokens = torch.stack([_sample_row(logits[i], p, penalties[i],
+                                          generators[i] or default_generator)
+                              for i, p in enumerate(params)]).tolist()
+    else:
+        tokens = []
     lps: list[TokenLogprobs | None] = [None] * len(params)
     want = [i for i, p in enumerate(params) if p.logprobs is not None]
     if want:

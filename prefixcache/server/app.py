@@ -2,9 +2,10 @@
 
 Routes:
     ``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI, streaming or not),
-    ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus),
-    ``POST /reset_prefix_cache`` (admin), ``GET /v1/cache/pins`` and
-    ``DELETE /v1/cache/pins/{prefix_hash}`` (the caller's pins, :mod:`.pins_routes`).
+    ``POST /v1/messages`` (Anthropic Messages, see :mod:`.messages`), ``GET /v1/models``,
+    ``GET /health``, ``GET /metrics`` (Prometheus), ``POST /reset_prefix_cache`` (admin),
+    ``GET /v1/cache/pins`` and ``DELETE /v1/cache/pins/{prefix_hash}`` (the caller's pins,
+    :mod:`.pins_routes`).
 
 Routes and exception handlers are module-level functions; what they share is
 ``request.app.state.server``, built once by :func:`create_app`.
@@ -43,6 +44,7 @@ from prefixcache.server.crosssite import HostGuard, check_origin, require_json
 from prefixcache.server.drain import DEFAULT_GRACE_S, Drain
 from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
 from prefixcache.server.logsafe import clean
+from prefixcache.server.messages import error_response, serve_messages
 from prefixcache.server.metrics import ServerMetrics
 from prefixcache.server.pins_routes import ROUTES as PIN_ROUTES
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -211,6 +213,10 @@ async def health(request: Request) -> Response:
     if server.drain.draining:
         return _error_response(request, 503, error_body(
             "the server is shutting down", type=SERVER_ERROR, code="server_shutting_down"))
+    shared = getattr(server.engine.engine, "shared", None)
+    if shared is not None:  # the shared KV tier degrades hit rate, never availability
+        return JSONResponse({"status": "ok",
+                             "kv_store": "degraded" if shared.remote.degraded else "ok"})
     return JSONResponse({"status": "ok"})
 
 
@@ -236,6 +242,23 @@ async def chat_completions(request: Request) -> Response:
     principal = _principal(request)
     req = await _json_body(request, ChatCompletionRequest)
     return await _server(request).serving.chat(req, principal, request, arrival)
+
+
+async def messages(request: Request) -> Response:
+    arrival = time.perf_counter()
+    server = _server(request)
+    try:
+        principal = _principal(request)
+        if server.cross_site_checks:
+            require_json(request)
+        raw = await read_body(request, server.settings.max_body_bytes)
+    except APIError as exc:
+        server.metrics.reject(exc.status)
+        return error_response(exc)
+    response = await serve_messages(server.serving, raw, principal, request, arrival)
+    if response.status_code >= 400 and response.status_code != 499:
+        server.metrics.reject(response.status_code)
+    return response
 
 
 async def prometheus_metrics(request: Request) -> Response:
@@ -273,5 +296,6 @@ async def reset_prefix_cache(request: Request) -> JSONResponse:
 _ROUTES = (("GET", "/health", health), ("GET", "/v1/models", models),
            ("POST", "/v1/completions", completions),
            ("POST", "/v1/chat/completions", chat_completions),
+           ("POST", "/v1/messages", messages),
            ("GET", "/metrics", prometheus_metrics),
            ("POST", "/reset_prefix_cache", reset_prefix_cache)) + PIN_ROUTES

@@ -257,6 +257,12 @@ class AsyncEngine:
             except Exception:
                 pass
         self._streams.clear()
+        close = getattr(self.engine, "close", None)
+        if callable(close):  # finishes the KV tier stores, so a restart hits
+            try:
+                close()
+            except Exception:
+                log.exception("engine close failed")
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result: Any,

@@ -67,6 +67,41 @@ ENGINE_COUNTERS = (
     ("engine_preemptions", "Requests preempted (recomputed later) for lack of pages.",
      "num_preemptions"),
 )
+# KV tiers (present only when the engine has them): per tier, counters then gauges
+TIER_COUNTERS = (
+    ("hit_tokens", "Prompt tokens loaded from the {tier} KV tier (part of prefix_cache_hits)"
+     ", tokens."),
+    ("stores", "Page groups stored into the {tier} KV tier."),
+    ("store_bytes", "Bytes stored into the {tier} KV tier."),
+    ("loads", "Page groups read from the {tier} KV tier."),
+    ("load_bytes", "Bytes read from the {tier} KV tier."),
+    ("evictions", "Pages evicted from the {tier} KV tier for its budget."),
+    ("failures", "Failed stores and reads of the {tier} KV tier."),
+    ("corrupt", "Entries of the {tier} KV tier that failed verification (removed; the "
+     "request recomputed)."),
+)
+TIER_GAUGES = (
+    ("pages", "Pages held by the {tier} KV tier."),
+    ("bytes_used", "Bytes used by the {tier} KV tier."),
+)
+TIER_STORE_COUNTERS = (
+    ("kv_tier_store_dropped", "KV tier stores dropped because the store queue was full.",
+     "tier_store_dropped"),
+    ("kv_tier_hits_skipped_slower", "KV tier hits not loaded because recompute was "
+     "estimated faster.", "tier_hits_skipped_slower"),
+)
+# the shared tier (L4, Redis): what only a remote store has
+REDIS_COUNTERS = (
+    ("errors", "Calls to the shared KV tier that failed or ran past their time budget."),
+    ("store_seconds", "Wall time of stores into the shared KV tier, seconds."),
+    ("load_seconds", "Wall time of lookups and reads of the shared KV tier, seconds."),
+    ("published_pages", "Pages queued for the shared KV tier at publication."),
+    ("store_dropped", "Shared KV tier stores dropped because its queue was full."),
+    ("lock_waits", "Requests that waited for another replica computing their prefix."),
+    ("lock_wait_hits", "Such waits that ended with the other replica's pages in the store."),
+    ("lock_timeouts", "Such waits that ended without them (the request computed itself)."),
+)
+
 ENGINE_GAUGES = (
     ("kv_pages_total", "KV pool size, pages.", "pages_total"),
     ("kv_pages_free", "Free pages (hold nothing).", "pages_free"),
@@ -102,6 +137,26 @@ class EngineStatsCollector:
         by_tenant = s.get("tenant_pages")
         if self.tenants is not None and isinstance(by_tenant, dict):
             yield from self._tenant_gauges(by_tenant)
+        for tier in ("host", "disk", "redis"):
+            for key, doc in TIER_COUNTERS:
+                if f"{tier}_tier_{key}" in s:
+                    yield CounterMetricFamily(f"{tier}_tier_{key}", doc.format(tier=tier),
+                                              value=float(s[f"{tier}_tier_{key}"]))
+            for key, doc in TIER_GAUGES:
+                if f"{tier}_tier_{key}" in s and f"{tier}_tier_stores" in s:
+                    yield GaugeMetricFamily(f"{tier}_tier_{key}", doc.format(tier=tier),
+                                            value=float(s[f"{tier}_tier_{key}"]))
+        for name, doc, key in TIER_STORE_COUNTERS:
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=float(s[key]))
+        for key, doc in REDIS_COUNTERS:
+            if f"redis_tier_{key}" in s:
+                yield CounterMetricFamily(f"redis_tier_{key}", doc,
+                                          value=float(s[f"redis_tier_{key}"]))
+        if "redis_tier_degraded" in s:
+            yield GaugeMetricFamily("redis_tier_degraded", "1 while the shared KV tier is "
+                                    "degraded (a recent call failed; it is skipped).",
+                                    value=float(s["redis_tier_degraded"]))
 
     def _tenant_gauges(self, by_tenant: dict) -> Iterable[Metric]:
         """Pages held and quota per configured tenant (the key file fixes the set)."""

@@ -74,8 +74,13 @@ class OpenAIServing:
         return await self._serve(prep, principal, request)
 
     async def chat(self, req: ChatCompletionRequest, principal: Principal, request: Request,
-                   arrival: float) -> Response:
+                   arrival: float, *, pin_ttl_s: float | None = None) -> Response:
+        """``pin_ttl_s``: how long the prompt's pages should stay cached (the Messages
+        route's ``cache_control``), seconds; ``None`` keeps what the body asks for
+        (``cache_ttl`` / ``cache_control``, or no pin)."""
         prep = await self.prepare.chat(req, arrival)
+        if pin_ttl_s is not None:
+            prep.pin_ttl_s = pin_ttl_s
         return await self._serve(prep, principal, request)
 
     # -- running -----------------------------------------------------------------------

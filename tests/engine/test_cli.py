@@ -59,7 +59,8 @@ def _engine_flags(command: str) -> dict[str, argparse.Action]:
     """The engine flags of ``command``'s parser, by dest."""
     parser = build_parser([command])
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    fields = {f.name for f in engine_fields()} | {"kv_cache_gib"}
+    fields = {f.name for f in engine_fields()} | {"kv_cache_gib", "host_cache_gib",
+                                                  "disk_cache_gib"}
     return {a.dest: a for a in sub.choices[command]._actions if a.dest in fields}
 
 
@@ -71,7 +72,9 @@ def test_every_engine_command_has_the_same_flags():
     cli_fields = [f for f in dataclasses.fields(EngineConfig) if f.metadata.get("cli", True)]
     assert "shuffle_seed" not in {f.name for f in cli_fields}
     flags = {cmd: _engine_flags(cmd) for cmd in ("generate", "demo", "serve")}
-    want = ({f.name for f in cli_fields} - {"kv_cache_bytes"}) | {"kv_cache_gib"}
+    gib = {"kv_cache_bytes": "kv_cache_gib", "host_cache_bytes": "host_cache_gib",
+           "disk_cache_bytes": "disk_cache_gib"}
+    want = ({f.name for f in cli_fields} - set(gib)) | set(gib.values())
     for cmd, actions in flags.items():
         assert set(actions) == want, cmd
         shape = {d: (a.option_strings, a.default, a.type, a.help, a.required)
@@ -172,3 +175,13 @@ def test_chat_outputs_carry_the_rendered_prompt(capsys):
     line = json.loads(capsys.readouterr().out)
     assert line["prompt"] == "<bos><|user|>Hi<|end|><|assistant|>"
     assert line["prompt_tokens"] == 6 and line["token_ids"] == out.outputs[0].token_ids
+
+
+def test_tier_flags_reach_the_config(tmp_path):
+    args = parse("serve", "--host-cache-gib", "0.5", "--disk-cache-dir", str(tmp_path),
+                 "--disk-cache-gib", "2")
+    cfg = config_from_args(args)
+    assert cfg.host_cache_bytes == 1 << 29 and cfg.disk_cache_bytes == 2 << 30
+    assert cfg.disk_cache_dir == str(tmp_path)
+    off = config_from_args(parse("serve"))
+    assert off.host_cache_bytes == 0 and off.disk_cache_dir is None

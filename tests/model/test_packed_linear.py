@@ -37,3 +37,36 @@ def test_other_dtypes_use_f_linear(dtype):
     assert not head.enabled
     x = torch.randn(4, 16).to(dtype)
     assert torch.equal(head(x), F.linear(x, w))
+
+
+def test_bias_is_added_and_the_weight_is_packed_once():
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(200, 48, generator=g), torch.randn(200, generator=g)
+    lin = PackedLinear(w, b)
+    for n in (1, 5, 16, 5):
+        x = torch.randn(n, 48, generator=g)
+        torch.testing.assert_close(lin(x), F.linear(x, w, b), atol=1e-4, rtol=1e-5)
+    assert lin.num_packs == (1 if lin.enabled else 0)  # one-row calls never pack
+
+
+def test_decoder_layers_pack_each_projection_once_over_many_steps():
+    from prefixcache.model.config import ModelConfig
+    from prefixcache.model.llama import PagedLlama
+    from prefixcache.model.weights import load_hf_weights
+    from tests.helpers.hf_models import make_hf_model
+    from tests.helpers.paged import PagedRunner, Seq
+
+    hf = make_hf_model("llama_bias")
+    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    m = PagedLlama(cfg)
+    load_hf_weights(m, hf.state_dict().__getitem__)
+    runner = PagedRunner(m, num_pages=16)
+    a, b = Seq(), Seq()
+    runner.step([(a, list(range(5, 25))), (b, list(range(30, 40)))])  # prefill: 30 rows
+    for t in range(3):
+        runner.step([(a, [t + 1]), (b, [t + 2])])  # decode: 2 rows
+    runner.step([(a, [7])])  # one row: F.linear, nothing packed
+    projs = [p for layer in m.decoder_layers
+             for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+    assert len(projs) == 4 * cfg.num_hidden_layers
+    assert [p.num_packs for p in projs] == [1 if p.enabled else 0 for p in projs]

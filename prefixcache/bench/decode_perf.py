@@ -1,0 +1,280 @@
+"""``prefixcache bench-engine --suite decode``: decode speed on one model (issue 13).
+
+Four measurements, each interleaved (A, B, A, B, ...) with ``repeats`` rounds after a
+warm-up; the median and the spread (min-max) are reported:
+
+* ``tpot_vs_context``: one decode step of 1 and of 8 sequences at contexts 512..8k.
+  Ours: ``PagedLlama`` over a pool of random KV (a step's cost does not depend on the KV
+  values) with shuffled pages. transformers: the same step over a ``DynamicCache`` of
+  random KV, and (1 sequence, up to ``no_cache_max_ctx``) its forward over the whole
+  context without a cache, the cost of decoding with no KV cache.
+* ``step_breakdown``: the engine with 8 sequences decoding at 1k context, each step cut
+  into scheduling, batch building, model forward, sampling and the rest (publishing,
+  output processing), timed by wrapping those methods.
+* ``bandwidth_bound``: single-sequence step time at 1k context against weight bytes /
+  read bandwidth (GEMV over a 256 MiB float32 matrix), in float32 and bfloat16.
+* ``batched``: output tokens/s of 8 sequences against 1 at 1k context (from the
+  ``tpot_vs_context`` rows).
+* ``packed_ab``: decode steps of 1, 4 and 8 sequences at 1k context with the decoder's
+  linear layers prepacked for oneDNN (:class:`~prefixcache.model.packed_linear.
+  PackedLinear`, the default) against plain ``F.linear`` (packing switched off).
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+CONTEXTS = (512, 1024, 2048, 4096, 8192)
+
+
+def _spread(v: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(v), "min": min(v), "max": max(v)}
+
+
+def _interleaved(fns: dict[str, Callable[[], object]], repeats: int,
+                 sync: Callable[[], object] = lambda: None) -> dict[str, dict]:
+    """Median and spread (seconds) of each function, run in interleaved rounds; ``sync``
+    waits for the device after each call (``torch.cuda.synchronize`` on CUDA)."""
+    for fn in fns.values():
+        fn()
+    sync()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[k].append(time.perf_counter() - t0)
+    return {k: _spread(v) for k, v in times.items()}
+
+
+def _decode_batch(nseq: int, ctx: int, pages: list[int], bs: int, vocab: int,
+                  device: torch.device | str = "cpu"):
+    from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
+
+    per = -(-ctx // bs)
+    seqs, slots = [], []
+    for i in range(nseq):
+        table = pages[i * per:(i + 1) * per]
+        seqs.append(SeqChunk(i, 1, ctx, torch.tensor(table, device=device)))
+        slots.append(table[(ctx - 1) // bs] * bs + (ctx - 1) % bs)
+    g = torch.Generator().manual_seed(ctx)
+    return ForwardBatch(torch.randint(0, vocab, (nseq,), generator=g).to(device),
+                        torch.full((nseq,), ctx - 1, device=device),
+                        torch.tensor(slots, device=device), seqs,
+                        torch.arange(nseq, device=device))
+
+
+def _hf_cache(hf, nseq: int, ctx: int):
+    from transformers import DynamicCache
+
+    c = hf.config
+    cache = DynamicCache(config=c)
+    shape = (nseq, c.num_key_value_heads, ctx - 1, c.hidden_size // c.num_attention_heads)
+    kw = dict(dtype=hf.dtype, device=hf.device)
+    for layer in range(c.num_hidden_layers):
+        cache.update(torch.randn(shape, **kw), torch.randn(shape, **kw), layer)
+    return cache
+
+
+def tpot_vs_context(model, hf, contexts=CONTEXTS, repeats: int = 3,
+                    no_cache_max_ctx: int = 2048, bs: int = 16) -> list[dict]:
+    """Rows ``{ctx, seqs, impl, median, min, max}`` (seconds per decode step); ``hf`` may
+    be ``None`` (ours only). Runs on ``model.device`` (and ``hf``'s)."""
+    vocab, dev = model.config.vocab_size, model.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    rows = []
+    for ctx in contexts:
+        per = -(-ctx // bs)
+        kv = model.new_kv_pool(8 * per + 1, bs)
+        for k, v in zip(kv.k, kv.v):
+            k.normal_()
+            v.normal_()
+        pages = list(range(kv.num_pages))
+        random.Random(ctx).shuffle(pages)
+        fns: dict[str, Callable[[], object]] = {}
+        caches = {}
+        for n in (1, 8):
+            b = _decode_batch(n, ctx, pages, bs, vocab, dev)
+            fns[f"ours/{n}"] = partial(model, b, kv)
+            if hf is not None:
+                caches[n] = _hf_cache(hf, n, ctx)
+                ids = torch.randint(0, vocab, (n, 1), device=hf.device)
+
+                def hf_step(ids=ids, cache=caches[n]):
+                    hf(ids, cache=cache, use_cache=True)
+                    cache.crop(-1)
+                fns[f"transformers-cache/{n}"] = hf_step
+        if hf is not None and ctx <= no_cache_max_ctx:
+            full = torch.randint(0, vocab, (1, ctx), device=hf.device)
+            fns["transformers-no-cache/1"] = partial(hf, full, use_cache=False,
+                                                     logits_to_keep=1)
+        with torch.inference_mode():
+            res = _interleaved(fns, repeats, sync)
+        for key, r in res.items():
+            impl, seqs = key.split("/")
+            rows.append({"ctx": ctx, "seqs": int(seqs), "impl": impl, **r})
+        del kv, caches
+    return rows
+
+
+def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
+              bs: int = 16) -> list[dict]:
+    """Rows ``{seqs, packed: {median, min, max}, f_linear: {...}, ratio: {...}}``: step
+    seconds with the decoder's projections packed or not, and the paired ratio
+    ``f_linear / packed`` of each round (> 1: packing is faster)."""
+    projs = [p for layer in model.decoder_layers
+             for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+    enabled = [p.enabled for p in projs]
+    per = -(-ctx // bs)
+    kv = model.new_kv_pool(max(seqs) * per + 1, bs)
+    pages = list(range(kv.num_pages))
+    random.Random(1).shuffle(pages)
+    rows = []
+
+    def run(b, on: bool):
+        for p, e in zip(projs, enabled):
+            p.enabled = e and on
+        model(b, kv)
+    try:
+        with torch.inference_mode():
+            for n in seqs:
+                b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
+                fns = {"packed": partial(run, b, True), "f_linear": partial(run, b, False)}
+                pairs: dict[str, list[float]] = {k: [] for k in fns}
+                for f in fns.values():
+                    f()
+                for _ in range(repeats):
+                    for k, f in fns.items():
+                        t0 = time.perf_counter()
+                        f()
+                        pairs[k].append(time.perf_counter() - t0)
+                ratio = [a / b for a, b in zip(pairs["f_linear"], pairs["packed"])]
+                rows.append({"seqs": n, **{k: _spread(v) for k, v in pairs.items()},
+                             "ratio": _spread(ratio)})
+    finally:
+        for p, e in zip(projs, enabled):
+            p.enabled = e
+    return rows
+
+
+def bandwidth_gbs(repeats: int = 5) -> dict[str, dict]:
+    """Read bandwidth (GB/s) of one thread: a GEMV over a 256 MiB float32 matrix (the
+    access pattern of a one-row decode step), and a plain ``sum``."""
+    w = torch.randn(65536, 1024)
+    x = torch.randn(1024)
+    nbytes = w.numel() * 4
+    res = _interleaved({"gemv": lambda: torch.mv(w, x), "sum": lambda: w.sum()}, repeats)
+    return {k: {"median": nbytes / r["median"] / 1e9, "min": nbytes / r["max"] / 1e9,
+                "max": nbytes / r["min"] / 1e9} for k, r in res.items()}
+
+
+def weight_bytes(model) -> int:
+    """Bytes a one-row step reads: decoder weights plus ``lm_head`` (embeddings tied or
+    not, the head is read once)."""
+    n = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+            if not name.startswith("embed"))
+    if model.config.tie_word_embeddings:
+        n += model.embed.numel() * model.embed.element_size()
+    return n
+
+
+def step_breakdown(model_dir: Path, dtype: str, steps: int = 24, nseq: int = 8,
+                   ctx: int = 1024) -> dict:
+    """Per-step seconds of the engine's parts with ``nseq`` sequences decoding at about
+    ``ctx`` tokens of context (prompts share a ``ctx - 16``-token prefix)."""
+    from prefixcache.engine.llm import LLM
+    from prefixcache.sampling_params import SamplingParams
+
+    llm = LLM(str(model_dir), dtype=dtype, num_pages=nseq * (ctx + steps) // 16 + 64)
+    eng = llm.engine
+    vocab = eng.model_config.vocab_size
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(10, min(vocab, 32000), (ctx - 16,), generator=g).tolist()
+    prompts = [{"prompt_token_ids": prefix + torch.randint(
+        10, min(vocab, 32000), (16,), generator=g).tolist()} for _ in range(nseq)]
+    parts = {"schedule": (eng.scheduler, "schedule"), "build_batch": (eng.runner, "build_batch"),
+             "forward": (eng.runner, "forward"), "sample": (eng.runner, "_sample")}
+    cur: dict[str, float] = {}
+    reals = {name: getattr(obj, attr) for name, (obj, attr) in parts.items()}
+    for name, (obj, attr) in parts.items():
+        real = reals[name]
+
+        def timed(*a, real=real, name=name, **kw):
+            t0 = time.perf_counter()
+            out = real(*a, **kw)
+            cur[name] = cur.get(name, 0.0) + time.perf_counter() - t0
+            return out
+        setattr(obj, attr, timed)
+    real_step = eng.step
+    records: list[dict[str, float]] = []
+
+    def step():
+        cur.clear()
+        running = list(eng.scheduler.running.values())
+        decoding = len(running) == nseq and all(r.prefill_done for r in running)
+        t0 = time.perf_counter()
+        out = real_step()
+        total = time.perf_counter() - t0
+        if decoding:
+            records.append({**cur, "total": total})
+        return out
+    setattr(eng, "step", step)  # noqa: B010 (mypy: no assignment to a method)
+    llm.generate(prompts, SamplingParams(max_tokens=steps + 2, temperature=0.0,
+                                         ignore_eos=True))
+    for name, (obj, attr) in parts.items():
+        setattr(obj, attr, reals[name])  # (runner.forward is an instance attribute)
+    setattr(eng, "step", real_step)  # noqa: B010
+    keys = [*parts, "total"]
+    med = {k: statistics.median(r.get(k, 0.0) for r in records) for k in keys}
+    med["other (publish, outputs)"] = med["total"] - sum(med[k] for k in parts)
+    host = med["total"] - med["forward"]
+    return {"seqs": nseq, "ctx": ctx, "steps_measured": len(records),
+            "median_s": med, "host_share": host / med["total"],
+            "spread_total_s": _spread([r["total"] for r in records])}
+
+
+def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
+    """All four measurements on ``model_dir`` (see the module doc)."""
+    import transformers
+
+    from prefixcache.model.loader import load_model
+
+    tdtype = getattr(torch, dtype)
+    model = load_model(str(model_dir), "cpu", tdtype).model
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).eval()
+    rows = tpot_vs_context(model, hf, repeats=repeats)
+    del hf
+    packed = packed_ab(model, repeats=max(repeats, 5))
+    bw = bandwidth_gbs()
+    steps = {}
+    for name in ("float32", "bfloat16"):
+        m = model if name == dtype else load_model(str(model_dir), "cpu",
+                                                   getattr(torch, name)).model
+        kv = m.new_kv_pool(80, 16)
+        b = _decode_batch(1, 1024, list(range(80)), 16, m.config.vocab_size)
+        steps[name] = (m, kv, b)
+    with torch.inference_mode():
+        t = _interleaved({k: partial(m, b, kv) for k, (m, kv, b) in steps.items()},
+                         max(repeats, 5))
+    bound = {k: {"step_s": t[k], "weight_bytes": weight_bytes(steps[k][0]),
+                 "bound_s": weight_bytes(steps[k][0]) / (bw["gemv"]["median"] * 1e9)}
+             for k in steps}
+    del steps
+    at = {(r["impl"], r["seqs"], r["ctx"]): r["median"] for r in rows}
+    flat = {str(n): at[("ours", n, 8192)] / at[("ours", n, 512)] for n in (1, 8)}
+    batched = at[("ours", 1, 1024)] * 8 / at[("ours", 8, 1024)]
+    breakdown = step_breakdown(model_dir, dtype)
+    return {"tpot_vs_context": rows, "bandwidth_gbs": bw, "bandwidth_bound": bound,
+            "tpot_8k_over_512": flat, "batched_8_over_1_tok_s": batched,
+            "step_breakdown": breakdown, "packed_ab": packed,
+            "goals": {"TPOT 8k <= 1.25x TPOT 512 (1 seq)": flat["1"] <= 1.25,
+                      "TPOT 8k <= 1.25x TPOT 512 (8 seqs)": flat["8"] <= 1.25,
+                      "8 seqs >= 5x tokens/s of 1 at 1k": batched >= 5.0,
+                      "host <= 10% of step, 8 decoding": breakdown["host_share"] <= 0.10}}

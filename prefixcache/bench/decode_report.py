@@ -1,0 +1,88 @@
+"""Rendering of bench-engine's ``decode`` suite (:mod:`prefixcache.bench.decode_perf`):
+the Markdown section of ``engine.md`` and the TPOT-vs-context plot."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_tpot(res: dict, path: Path) -> None:
+    """TPOT (ms, log scale) against context, one line per implementation and batch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = res["tpot_vs_context"]
+    for impl, n in sorted({(r["impl"], r["seqs"]) for r in rows}):
+        pts = sorted((r["ctx"], r["median"] * 1e3, r["min"] * 1e3, r["max"] * 1e3)
+                     for r in rows if r["impl"] == impl and r["seqs"] == n)
+        x, y, lo, hi = zip(*pts)
+        ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
+                    marker="o", capsize=3, label=f"{impl}, {n} seq{'s' if n > 1 else ''}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("time per decode step (ms)")
+    ax.set_title("Decode step vs context (median, min-max bars)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render_markdown(res: dict, meta: dict) -> list[str]:
+    """The ``decode`` section of ``engine.md``."""
+    lines = [f"## Decode speed ({meta['model']}, {meta['dtype']}, {meta['threads']} thread(s), "
+             f"{meta['date']})", "",
+             "Time per decode step (ms, median [min-max] of interleaved repeats):", "",
+             "| context | " + " | ".join(f"{i}, {n}" for i, n in _impls(res)) + " |",
+             "|---" * (1 + len(_impls(res))) + "|"]
+    cell = {(r["impl"], r["seqs"], r["ctx"]): r for r in res["tpot_vs_context"]}
+    for ctx in sorted({r["ctx"] for r in res["tpot_vs_context"]}):
+        cells = []
+        for i, n in _impls(res):
+            r = cell.get((i, n, ctx))
+            cells.append(f"{r['median'] * 1e3:.1f} [{r['min'] * 1e3:.0f}-{r['max'] * 1e3:.0f}]"
+                         if r else "-")
+        lines.append(f"| {ctx} | " + " | ".join(cells) + " |")
+    b = res["step_breakdown"]
+    med = b["median_s"]
+    lines += ["", f"TPOT 8k / 512: {res['tpot_8k_over_512']['1']:.2f}x (1 seq), "
+              f"{res['tpot_8k_over_512']['8']:.2f}x (8 seqs). Output tokens/s, 8 seqs / 1 "
+              f"at 1k: {res['batched_8_over_1_tok_s']:.2f}x.", "",
+              f"Step breakdown, {b['seqs']} sequences decoding at {b['ctx']} context "
+              f"({b['steps_measured']} steps, medians):", "",
+              "| part | ms | share |", "|---|---|---|"]
+    for k, v in med.items():
+        lines.append(f"| {k} | {v * 1e3:.2f} | {v / med['total']:.1%} |")
+    bw = res["bandwidth_gbs"]
+    lines += ["", f"Host share (everything but the forward): {b['host_share']:.1%}.", "",
+              f"Read bandwidth, 1 thread: GEMV {bw['gemv']['median']:.1f} GB/s "
+              f"[{bw['gemv']['min']:.1f}-{bw['gemv']['max']:.1f}], sum "
+              f"{bw['sum']['median']:.1f} GB/s.", "",
+              "| dtype | weight bytes | bound (bytes / GEMV bandwidth) | 1-seq step at 1k | "
+              "step / bound |", "|---|---|---|---|---|"]
+    for k, v in res["bandwidth_bound"].items():
+        s = v["step_s"]
+        lines.append(f"| {k} | {v['weight_bytes'] / 1e6:.0f} MB | {v['bound_s'] * 1e3:.1f} ms | "
+                     f"{s['median'] * 1e3:.1f} ms [{s['min'] * 1e3:.1f}-{s['max'] * 1e3:.1f}] | "
+                     f"{s['median'] / v['bound_s']:.2f}x |")
+    if res.get("packed_ab"):
+        lines += ["", "Decoder linears prepacked (default) against plain `F.linear`, 1k "
+                  "context (ms per step, median [min-max]; ratio per round):", "",
+                  "| sequences | packed | F.linear | F.linear / packed |", "|---|---|---|---|"]
+        for r in res["packed_ab"]:
+            p, f, q = r["packed"], r["f_linear"], r["ratio"]
+            lines.append(f"| {r['seqs']} | {p['median'] * 1e3:.1f} [{p['min'] * 1e3:.0f}-"
+                         f"{p['max'] * 1e3:.0f}] | {f['median'] * 1e3:.1f} [{f['min'] * 1e3:.0f}-"
+                         f"{f['max'] * 1e3:.0f}] | {q['median']:.2f}x [{q['min']:.2f}-"
+                         f"{q['max']:.2f}] |")
+    lines += ["", "Goals: " + "; ".join(f"{k}: {'met' if ok else 'missed'}"
+                                        for k, ok in res["goals"].items()), ""]
+    return lines
+
+
+def _impls(res: dict) -> list[tuple[str, int]]:
+    return sorted({(r["impl"], r["seqs"]) for r in res["tpot_vs_context"]})

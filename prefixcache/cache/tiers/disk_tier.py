@@ -1,0 +1,216 @@
+"""L3: page groups on local disk, one file per group, persistent across restarts.
+
+DESIGN: "Publish-after-write in every tier" and "read back only after header, length and
+checksum verify". A store writes ``<name>.kvpg.tmp``, fsyncs and renames it (see
+:class:`~prefixcache.cache.tiers.tier_io.TierIO`); only then are its pages indexed. At start
+the index is rebuilt from the headers of the files in the directory (leftover temporary files
+of a killed process are removed), so a restart, even after ``kill -9``, hits, and a page
+already on disk is never rewritten. Files under another model fingerprint are left alone and
+never indexed. The byte budget evicts whole files, least recently used first, never one
+holding a page of the group being stored. A read that fails verification is a miss: the file
+is removed and counted.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+from prefixcache.cache.tiers.base import TierStats
+from prefixcache.cache.tiers.format import (
+    PREFIX_BYTES,
+    CorruptEntry,
+    PageGroup,
+    decode,
+    encode,
+    header_length,
+    read_header,
+)
+from prefixcache.cache.tiers.tier_io import TMP_SUFFIX, TierIO
+
+SUFFIX = ".kvpg"
+
+
+class DiskTier:
+    """Disk tier in one directory.
+
+    Args:
+        directory: created if missing.
+        capacity_bytes: file byte budget (>= 1).
+        fingerprint: the running model's fingerprint; only its files are indexed and read.
+        io: the file operations (tests pass a :class:`~.tier_io.FaultyIO`).
+
+    Raises:
+        ValueError: ``capacity_bytes < 1`` or an empty ``fingerprint``.
+        OSError: ``directory`` cannot be created."""
+
+    name = "disk"
+
+    def __init__(self, directory: str | Path, capacity_bytes: int, fingerprint: bytes,
+                 io: TierIO | None = None):
+        if capacity_bytes < 1:
+            raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
+        if not fingerprint:
+            raise ValueError("fingerprint must be non-empty")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.capacity_bytes = capacity_bytes
+        self.fingerprint = fingerprint
+        self.io = io or TierIO()
+        self._lock = threading.Lock()
+        self._files: OrderedDict[str, tuple[tuple[bytes, ...], int]] = OrderedDict()
+        self._where: dict[bytes, str] = {}
+        self._used = 0
+        self._stats = TierStats()
+        self.rebuilt_files = self._rebuild()
+
+    def _rebuild(self) -> int:
+        found = []
+        for path in self.directory.iterdir():
+            if path.name.endswith(TMP_SUFFIX):
+                self.io.remove(path)  # an unfinished store of a killed process
+                continue
+            if not path.name.endswith(SUFFIX):
+                continue
+            try:
+                head = self.io.read(path, PREFIX_BYTES)
+                h = read_header(self.io.read(path, header_length(head)))
+                size = path.stat().st_size
+            except (OSError, CorruptEntry):
+                self.io.remove(path)
+                self._stats.corrupt += 1
+                continue
+            if h.fingerprint != self.fingerprint:
+                continue
+            if size != h.total_len:
+                self.io.remove(path)
+                self._stats.corrupt += 1
+                continue
+            found.append((path.stat().st_mtime_ns, path.name, h.hashes, size))
+        for _, name, hashes, size in sorted(found):  # oldest first: the LRU order
+            self._index(name, hashes, size)
+        return len(found)
+
+    def _index(self, name: str, hashes: tuple[bytes, ...], size: int) -> None:
+        self._files[name] = (hashes, size)
+        for h in hashes:
+            self._where[h] = name
+        self._used += size
+
+    def _unindex(self, name: str) -> None:
+        hashes, size = self._files.pop(name)
+        for h in hashes:
+            if self._where.get(h) == name:
+                del self._where[h]
+        self._used -= size
+
+    def lookup_run(self, hashes: Sequence[bytes]) -> int:
+        with self._lock:
+            n = 0
+            for h in hashes:
+                if h not in self._where:
+                    break
+                n += 1
+            return n
+
+    def contains(self, page_hash: bytes) -> bool:
+        with self._lock:
+            return page_hash in self._where
+
+    def get(self, hashes: Sequence[bytes]) -> PageGroup | None:
+        with self._lock:
+            names = [self._where.get(h) for h in hashes]
+            if None in names:
+                self._stats.misses += 1
+                return None
+            for name in dict.fromkeys(names):
+                self._files.move_to_end(name)  # type: ignore[arg-type]
+        groups: dict[str, PageGroup] = {}
+        for name in dict.fromkeys(names):
+            assert name is not None
+            g = self._read(name)
+            if g is None:
+                return None
+            groups[name] = g
+        parts = [groups[n].select([h]) for n, h in zip(names, hashes)]  # type: ignore[index]
+        with self._lock:
+            self._stats.hits += 1
+        return PageGroup(self.fingerprint, tuple(hashes), tuple(p.token_ids[0] for p in parts),
+                         parts[0].dtype, parts[0].page_shape, b"".join(p.payload for p in parts))
+
+    def _read(self, name: str) -> PageGroup | None:
+        path = self.directory / name
+        try:
+            data = self.io.read(path)
+            g = decode(data, self.fingerprint)
+        except (OSError, CorruptEntry) as e:
+            with self._lock:
+                if name in self._files:
+                    self._unindex(name)
+                self._stats.corrupt += isinstance(e, CorruptEntry)
+                self._stats.failures += isinstance(e, OSError)
+                self._stats.misses += 1
+            self.io.remove(path)
+            return None
+        with self._lock:
+            self._stats.loads += 1
+            self._stats.load_bytes += len(data)
+        return g
+
+    def put(self, group: PageGroup) -> bool:
+        with self._lock:
+            new = [h for h in group.hashes if h not in self._where]
+        if not new:
+            with self._lock:
+                self._stats.skipped += 1
+            return True
+        sub = group if len(new) == group.num_pages else group.select(new)
+        data = encode(sub)
+        if len(data) > self.capacity_bytes:
+            with self._lock:
+                self._stats.rejected += 1
+            return False
+        name = hashlib.blake2b(b"".join(sub.hashes), digest_size=16).hexdigest() + SUFFIX
+        victims = self._make_room(len(data), set(group.hashes))
+        for v in victims:
+            self.io.remove(self.directory / v)
+        try:
+            self.io.write_atomic(self.directory / name, data)
+        except Exception:
+            with self._lock:
+                self._stats.failures += 1
+            return False
+        with self._lock:
+            if name in self._files:
+                self._unindex(name)
+            self._index(name, sub.hashes, len(data))
+            self._stats.stores += 1
+            self._stats.store_bytes += len(data)
+        return True
+
+    def _make_room(self, need: int, protect: set[bytes]) -> list[str]:
+        """Unindex least recently used files until ``need`` more bytes fit; files holding
+        a page of ``protect`` stay. Returns the names to delete."""
+        out = []
+        with self._lock:
+            for name in list(self._files):
+                if self._used + need <= self.capacity_bytes:
+                    break
+                hashes, _ = self._files[name]
+                if protect.intersection(hashes):
+                    continue
+                self._unindex(name)
+                self._stats.evictions += len(hashes)
+                out.append(name)
+        return out
+
+    def stats(self) -> TierStats:
+        with self._lock:
+            s = TierStats(**self._stats.as_dict())
+            s.pages, s.bytes_used = len(self._where), self._used
+            return s
+
+    def close(self) -> None:
+        """Nothing to release: every store is complete or removed when it returns."""

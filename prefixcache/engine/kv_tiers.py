@@ -1,0 +1,272 @@
+"""The KV tiers under the page pool, seen from the engine: write-back, lookup and load.
+
+DESIGN: "the model runner is the one place that moves page contents between the pool and
+the tiers": this module is that place. It copies pages out of the pool
+(:meth:`KVPool.export_pages`) when the cache core evicts them (write-back) or when they are
+hit (selective write-through), and queues them for the asynchronous store worker; at a
+request's admission it continues the chain match past the pool into host RAM (L2) and then
+disk (L3), loads the verified pages into freshly allocated pool pages
+(:meth:`KVPool.import_pages`) and publishes them as if the step had computed them. Keys are
+the pool's own chain hashes (rooted in model fingerprint, tenant and ``cache_salt``), so a
+tier can never serve one namespace's pages to another. Loaded pages count in
+``cached_tokens`` and in the hit counters; nothing stays pinned in a tier after a load.
+
+===================  ==============================================================
+region of a prompt   where it comes from
+===================  ==============================================================
+L1 hit               ``KVCacheManager.take_hits`` (pages shared, ref counted)
+tier hit             pages loaded here, published under the request's own pages
+rest                 computed by the model step (the last token always is)
+===================  ==============================================================
+"""
+from __future__ import annotations
+
+import struct
+import time
+
+import torch
+
+from prefixcache.cache.allocation import EvictedPage
+from prefixcache.cache.hashing import blake2b_128, encode_parts
+from prefixcache.cache.manager import KVCacheManager
+from prefixcache.cache.page_table import PageTable
+from prefixcache.cache.tiers.base import Tier
+from prefixcache.cache.tiers.disk_tier import DiskTier
+from prefixcache.cache.tiers.format import PageGroup
+from prefixcache.cache.tiers.host_tier import HostTier
+from prefixcache.cache.tiers.store_queue import StoreQueue
+from prefixcache.config import EngineConfig
+from prefixcache.engine.tier_estimates import LoadEstimator
+from prefixcache.model.kv_pool import KVPool
+
+GROUP_PAGES = 32  # most pages per stored group (one disk file)
+KV_LAYOUT_VERSION = 1  # bump when KVPool's page layout or export format changes
+
+
+def model_fingerprint(cache_id: str, dtype: torch.dtype, block_size: int) -> str:
+    """The model's part of every chain root and tier header: weights id, KV dtype,
+    block size and KV layout version (a page under any other is a miss)."""
+    return f"{cache_id}|kv={str(dtype).removeprefix('torch.')}|bs={block_size}" \
+           f"|layout={KV_LAYOUT_VERSION}"
+
+
+class KVTiers:
+    """Host-RAM and disk tiers of one engine.
+
+    Args:
+        config: reads ``host_cache_bytes``, ``disk_cache_dir``, ``disk_cache_bytes``,
+            ``tier_write_policy``, ``tier_load_policy``, ``tier_store_queue``.
+        cache: the pool's manager (its evict hook is set here).
+        kv: the KV pool whose pages are copied.
+        fingerprint: :func:`model_fingerprint`.
+
+    Raises:
+        OSError: the disk directory cannot be created."""
+
+    def __init__(self, config: EngineConfig, cache: KVCacheManager, kv: KVPool,
+                 fingerprint: str):
+        self.cache, self.kv = cache, kv
+        self.fingerprint = blake2b_128(encode_parts("kv-fingerprint", fingerprint))
+        self.tiers: list[Tier] = []
+        if config.host_cache_bytes:
+            self.tiers.append(HostTier(config.host_cache_bytes))
+        if config.disk_cache_dir:
+            self.tiers.append(DiskTier(config.disk_cache_dir, config.disk_cache_bytes,
+                                       self.fingerprint))
+        self.queue = StoreQueue(self.tiers, config.tier_store_queue)
+        self.estimates = LoadEstimator(config.tier_load_policy)
+        self.write_through = config.tier_write_policy == "write_through"
+        self.hit_tokens = {t.name: 0 for t in self.tiers}
+        self.remote: list[Tier] = []  # shared tiers (L4): asked by lookup_run, not contains
+        self.token_mismatches = 0
+        self.export_bytes = 0
+        self.closed = False
+        if not self.write_through:
+            cache.set_evict_hook(self.write_back)
+
+    def add_remote(self, tier: Tier) -> None:
+        """Append a shared tier (L4) to the lookup chain. It is not in the write-back
+        queue: ``engine/kv_store.py`` stores into it at publication."""
+        self.tiers.append(tier)
+        self.remote.append(tier)
+        self.hit_tokens[tier.name] = 0
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.kv.dtype).removeprefix("torch.")
+
+    # -- stores ------------------------------------------------------------------------
+    def write_back(self, evicted: list[EvictedPage]) -> None:
+        """Copy evicted pages not yet held by every tier out of the pool and queue them."""
+        todo = [e for e in evicted if not all(t.contains(e.page_hash) for t in self.tiers)]
+        for i in range(0, len(todo), GROUP_PAGES):
+            part = todo[i:i + GROUP_PAGES]
+            self._submit([e.page for e in part], [e.page_hash for e in part],
+                         [_tokens(e.token_bytes) for e in part])
+
+    def write_back_cached(self) -> int:
+        """Queue every cached-free page of the pool not yet in every tier (at shutdown, so
+        a restart hits). Returns the groups queued."""
+        index = self.cache.index
+        todo = []
+        for page in self.cache.pool.cached_pages():
+            h, key = index.page_hash[page], index.page_key[page]
+            if h is not None and key is not None:
+                todo.append(EvictedPage(page, h, key[1]))
+        before = self.queue.submitted
+        self.write_back(todo)
+        return self.queue.submitted - before
+
+    def write_through_hits(self, pt: PageTable, first: int, last: int) -> None:
+        """Selective write-through: queue pages ``[first, last)`` of ``pt`` (just hit)."""
+        bs = self.cache.block_size
+        hashes = self.cache.page_hashes(pt, last)
+        todo = [i for i in range(first, last)
+                if not all(t.contains(hashes[i]) for t in self.tiers)]
+        if todo:
+            self._submit([pt.pages[i] for i in todo], [hashes[i] for i in todo],
+                         [tuple(pt.token_ids[i * bs:(i + 1) * bs]) for i in todo])
+
+    def _submit(self, pages: list[int], hashes: list[bytes],
+                tokens: list[tuple[int, ...]]) -> None:
+        data = self.kv.export_pages(pages)
+        payload = data.cpu().contiguous().view(torch.uint8).numpy().tobytes()
+        self.export_bytes += len(payload)
+        self.queue.submit(PageGroup(self.fingerprint, tuple(hashes), tuple(tokens),
+                                    self.dtype_name, self.kv.page_shape, payload))
+
+    # -- loads -------------------------------------------------------------------------
+    def extend_hit(self, pt: PageTable) -> int:
+        """At admission, after the pool's hits were taken: write the hit pages through
+        (``write_through`` policy), then :meth:`load`. Returns the tokens loaded."""
+        if self.write_through and pt.pages:
+            self.write_through_hits(pt, 0, len(pt.pages))
+        return self.load(pt)
+
+    def load(self, pt: PageTable) -> int:
+        """Continue ``pt``'s hit into the tiers; load and publish what verifies. Call at
+        admission, after the pool's hits were taken. Returns the tokens loaded (whole
+        pages; never the page of the last token)."""
+        cache, bs = self.cache, self.cache.block_size
+        first, limit = len(pt.pages), cache.hit_limit_pages(pt)
+        if (first >= limit or pt.num_computed_tokens != first * bs
+                or len(pt.chain_refs) != first or None in pt.chain_refs[-1:]):
+            return 0
+        hashes = cache.page_hashes(pt, limit)
+        # Read and verify first: allocating evicts pool pages, whose write-back may
+        # evict from the tiers the very pages planned here.
+        fetched: list[tuple[Tier, torch.Tensor, float]] = []
+        at = first
+        for tier, run in self._worth_loading(self._plan(hashes[first:limit])):
+            t0 = time.perf_counter()
+            data = self._fetch(pt, tier, run, at)
+            if data is None:
+                break
+            fetched.append((tier, data, time.perf_counter() - t0))
+            at += len(run)
+        total = at - first
+        if not total or not cache.allocate(pt, total * bs):
+            return 0
+        at = first
+        for tier, data, seconds in fetched:
+            n = data.shape[0]
+            t0 = time.perf_counter()
+            self.kv.import_pages(pt.pages[at:at + n], data)
+            self.estimates.observe_load(tier.name, seconds + time.perf_counter() - t0, n)
+            self.hit_tokens[tier.name] += n * bs
+            at += n
+        cache.commit(pt, total * bs)
+        pt.num_cached_tokens += total * bs
+        return total * bs
+
+    def _plan(self, hashes: list[bytes]) -> list[tuple[Tier, list[bytes]]]:
+        """The leading pages any tier holds, each from the fastest tier holding it, as
+        runs of consecutive pages from one tier (host RAM may hold a chain's tail while
+        only the disk still holds its head). The local tiers answer ``contains`` from
+        memory; where they stop, each shared tier is asked once for its run
+        (``lookup_run``: one pipelined round trip)."""
+        plan: list[tuple[Tier, list[bytes]]] = []
+        local = [t for t in self.tiers if t not in self.remote]
+        i = 0
+        for i, h in enumerate(hashes):  # noqa: B007 (i is the first page no local tier has)
+            tier = next((t for t in local if t.contains(h)), None)
+            if tier is None:
+                break
+            if plan and plan[-1][0] is tier:
+                plan[-1][1].append(h)
+            else:
+                plan.append((tier, [h]))
+        else:
+            return plan
+        for tier in self.remote:
+            n = tier.lookup_run(hashes[i:])
+            if n:
+                plan.append((tier, list(hashes[i:i + n])))
+                break
+        return plan
+
+    def _worth_loading(self, plan: list[tuple[Tier, list[bytes]]]
+                       ) -> list[tuple[Tier, list[bytes]]]:
+        out = []
+        for tier, run in plan:
+            if not self.estimates.should_load(tier.name, len(run),
+                                              len(run) * self.cache.block_size):
+                break
+            out.append((tier, run))
+        return out
+
+    def _fetch(self, pt: PageTable, tier: Tier, run: list[bytes], at: int
+               ) -> torch.Tensor | None:
+        """Pages ``run`` of ``tier`` as a ``[len(run), *page_shape]`` CPU tensor, for
+        positions ``at..`` of ``pt``; ``None`` when the group is missing, fails
+        verification, or holds other tokens or another layout."""
+        bs = self.cache.block_size
+        group = tier.get(run)
+        if group is None or group.dtype != self.dtype_name \
+                or group.page_shape != self.kv.page_shape:
+            return None
+        want = tuple(tuple(pt.token_ids[(at + j) * bs:(at + j + 1) * bs])
+                     for j in range(len(run)))
+        if group.token_ids != want:
+            self.token_mismatches += 1
+            return None
+        data = torch.frombuffer(bytearray(group.payload), dtype=torch.uint8)
+        return data.view(self.kv.dtype).view(len(run), *self.kv.page_shape)
+
+    # -- introspection -----------------------------------------------------------------
+    def flush(self) -> None:
+        """Wait until every queued store completed (tests, benchmarks, shutdown)."""
+        self.queue.flush()
+
+    def stats(self) -> dict[str, int | float]:
+        """Per-tier counters (``host_tier_*``, ``disk_tier_*``), the store queue and the
+        load/recompute estimates."""
+        d: dict[str, int | float] = {
+            "host_tier_hit_tokens": self.hit_tokens.get("host", 0),
+            "disk_tier_hit_tokens": self.hit_tokens.get("disk", 0),
+            **({"redis_tier_hit_tokens": self.hit_tokens["redis"]}
+               if "redis" in self.hit_tokens else {}),
+            "tier_store_dropped": self.queue.dropped,
+            "tier_store_pending": self.queue.pending,
+            "tier_store_errors": self.queue.errors,
+            "tier_token_mismatches": self.token_mismatches,
+            "tier_export_bytes": self.export_bytes}
+        for tier in self.tiers:
+            for k, v in tier.stats().as_dict().items():
+                d[f"{tier.name}_tier_{k}"] = v
+        d.update(self.estimates.as_dict())
+        return d
+
+    def close(self) -> None:
+        """Write the pool's cached pages down, finish queued stores, stop the worker."""
+        if self.closed:
+            return
+        self.closed = True
+        self.write_back_cached()
+        self.queue.close()
+        for t in self.tiers:
+            t.close()
+
+
+def _tokens(token_bytes: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(token_bytes) // 4}I", token_bytes)

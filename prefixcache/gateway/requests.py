@@ -1,0 +1,43 @@
+"""Request bodies as the gateway reads them: one canonical form, checked once.
+
+A Messages body is translated to Chat Completions (:mod:`prefixcache.server.
+anthropic_wire`); a chat body needs a non-empty ``messages`` array, a completions body
+one prompt (a string or one token-id array); ``n`` must be 1. Errors are
+:class:`BadRequest`, naming the field.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from prefixcache.server import anthropic_wire as wire
+
+
+class BadRequest(ValueError):
+    """A request the gateway refuses: HTTP ``status``, the field at fault (``param``)."""
+
+    def __init__(self, status: int, message: str, param: str | None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def canonical(client: str, body: Any) -> tuple[str, dict]:
+    """``(kind, chat-or-completions body)``. Raises BadRequest."""
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the request body must be a JSON object", None)
+    if client == "messages":
+        try:
+            return "chat", wire.messages_to_chat(body)
+        except wire.WireError as exc:
+            raise BadRequest(400, str(exc), exc.param) from None
+    if client == "chat" and not (isinstance(body.get("messages"), list)
+                                 and body["messages"]):
+        raise BadRequest(400, "messages must be a non-empty array", "messages")
+    if client == "completions":
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) and not (
+                isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+            raise BadRequest(400, "prompt must be one string or one array of token ids "
+                             "(the gateway serves one prompt per request)", "prompt")
+    if (body.get("n") or 1) != 1:
+        raise BadRequest(400, "the gateway serves n=1 only", "n")
+    return client, body

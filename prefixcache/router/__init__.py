@@ -1,0 +1,9 @@
+"""Cache-aware routing over replicas: ``prefixcache router``.
+
+Modules: :mod:`.index` (page hash -> replicas, bounded, approximate entries that
+expire), :mod:`.event_stream` (the replicas' KV events: decoding, gaps, restarts),
+:mod:`.policy` (cost and balance thresholds), :mod:`.replicas` (loads, health, the
+index behind one lock), :mod:`.prompt_keys` (the engines' page hashes),
+:mod:`.proxy` (forwarding and streaming), :mod:`.metrics` (Prometheus), :mod:`.app`
+(FastAPI routes), :mod:`.cli` (the ``router`` subcommand).
+"""

@@ -1,0 +1,213 @@
+"""The router's FastAPI application: an OpenAI-compatible front for N replicas.
+
+Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed, streamed
+through), ``GET /v1/models``, ``GET /health`` (503 when no replica is healthy),
+``GET /metrics`` (Prometheus, :mod:`.metrics`).
+
+A request is authenticated with the same key file as the replicas (401 otherwise), parsed
+and tokenized with the server's own preparer (the same 400s naming the field), hashed
+into the engines' page hashes (:mod:`.prompt_keys`), routed (:mod:`.replicas`,
+:mod:`.policy`) and forwarded (:mod:`.proxy`). Replicas are health-checked every
+``health_interval_s`` on ``GET /health``.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from prefixcache.router.metrics import RouterMetrics
+from prefixcache.router.prompt_keys import PromptKeys
+from prefixcache.router.proxy import FORWARDED_HEADERS, Proxy
+from prefixcache.router.replicas import ReplicaSet, Routed
+from prefixcache.server.auth import Authenticator
+from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
+from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
+from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
+from prefixcache.server.requests import RequestPreparer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RouterSettings:
+    """What the router needs.
+
+    Attributes:
+        model_names: names accepted as ``model`` (the first is reported).
+        tokenizer: the replicas' tokenizer (chat template included).
+        keys: the replicas' page hashing (:class:`PromptKeys`).
+        auth: the replicas' API keys (default: single tenant).
+        max_body_bytes: largest request body (413 beyond).
+        health_interval_s: seconds between health checks of each replica.
+        health_timeout_s: budget of one health check, seconds.
+    """
+
+    model_names: list[str]
+    tokenizer: Any
+    keys: PromptKeys
+    auth: Authenticator = field(default_factory=Authenticator)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 1.0
+
+
+@dataclass
+class _Router:
+    settings: RouterSettings
+    replicas: ReplicaSet
+    metrics: RouterMetrics
+    preparer: RequestPreparer
+    parse_pool: ThreadPoolExecutor
+    proxy: Proxy | None = None
+    client: httpx.AsyncClient | None = None
+
+
+def create_router_app(replicas: ReplicaSet, settings: RouterSettings) -> FastAPI:
+    """The router app; health checks, event subscribers and the HTTP client start and
+    stop with its lifespan."""
+    metrics = RouterMetrics(replicas)
+    preparer = RequestPreparer(tokenizer=settings.tokenizer, model_names=settings.model_names,
+                               validate=lambda ids, params: None)  # the replica validates
+    router = _Router(settings, replicas, metrics, preparer,
+                     ThreadPoolExecutor(1, thread_name_prefix="prefixcache-router-parse"))
+    app = FastAPI(title="prefixcache router", lifespan=_lifespan, docs_url=None,
+                  redoc_url=None)
+    app.state.router = router
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _http_error)
+    for method, path, route in _ROUTES:
+        app.add_api_route(path, route, methods=[method])
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    router: _Router = app.state.router
+    router.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0),
+                                      limits=httpx.Limits(max_connections=None))
+    router.proxy = Proxy(router.replicas, router.metrics, router.client)
+    router.replicas.start_events()
+    await _check_all(router)
+    task = asyncio.create_task(_health_loop(router))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await router.client.aclose()
+        router.replicas.stop_events()
+        router.parse_pool.shutdown(wait=False)
+
+
+async def _check_all(router: _Router) -> None:
+    client = router.client
+    assert client is not None
+    s = router.settings
+
+    async def one(i: int, url: str) -> None:
+        try:
+            ok = (await client.get(url + "/health", timeout=s.health_timeout_s)
+                  ).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        router.replicas.set_health(i, ok)
+
+    await asyncio.gather(*(one(i, spec.url) for i, spec in enumerate(router.replicas.specs)))
+
+
+async def _health_loop(router: _Router) -> None:
+    while True:
+        await asyncio.sleep(router.settings.health_interval_s)
+        await _check_all(router)
+
+
+def _router(request: Request) -> _Router:
+    return request.app.state.router
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 400)
+    return JSONResponse(error_body(f"no route {request.method} {request.url.path}"
+                                   if status == 404 else "invalid request",
+                                   code=str(status)), status_code=status)
+
+
+async def _routed(request: Request, path: str, body_type: type) -> Response:
+    router = _router(request)
+    s = router.settings
+    arrival = time.perf_counter()
+    principal = s.auth.authenticate(request.headers.get("authorization"))
+    raw = await read_body(request, s.max_body_bytes)
+    req = await parse_json(body_type, raw, router.parse_pool)
+    if isinstance(req, ChatCompletionRequest):
+        prep = await router.preparer.chat(req, arrival)
+    else:
+        assert isinstance(req, CompletionRequest)
+        prep = await router.preparer.completion(req, arrival)
+    ids = prep.prompts[0][0]
+    hashes = s.keys.page_hashes(ids, principal.tenant, prep.cache_salt)
+    total = sum(len(p) for p, _ in prep.prompts)
+
+    def route(exclude: Sequence[int]) -> Routed | None:
+        return router.replicas.route(hashes, total, s.keys.block_size, exclude)
+
+    headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
+    assert router.proxy is not None
+    return await router.proxy.send(path, raw, headers, route)
+
+
+async def completions(request: Request) -> Response:
+    return await _routed(request, "/v1/completions", CompletionRequest)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _routed(request, "/v1/chat/completions", ChatCompletionRequest)
+
+
+async def models(request: Request) -> JSONResponse:
+    s = _router(request).settings
+    s.auth.authenticate(request.headers.get("authorization"))
+    return JSONResponse({"object": "list", "data": [
+        {"id": name, "object": "model", "owned_by": "prefixcache"} for name in s.model_names]})
+
+
+async def health(request: Request) -> Response:
+    rs = _router(request).replicas
+    body = {"replicas": [{"url": spec.url, "healthy": load.healthy}
+                         for spec, load in zip(rs.specs, rs.loads)]}
+    if not rs.any_healthy:
+        return JSONResponse({**error_body("no healthy replica", type=SERVER_ERROR,
+                                          code="no_healthy_replica"), **body}, status_code=503)
+    return JSONResponse({"status": "ok", **body})
+
+
+async def prometheus_metrics(request: Request) -> Response:
+    return Response(_router(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+_ROUTES = (("POST", "/v1/completions", completions),
+           ("POST", "/v1/chat/completions", chat_completions),
+           ("GET", "/v1/models", models), ("GET", "/health", health),
+           ("GET", "/metrics", prometheus_metrics))

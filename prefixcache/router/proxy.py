@@ -1,0 +1,155 @@
+"""Forwarding one OpenAI request to the chosen replica, streaming it through.
+
+The body goes out byte for byte with the caller's ``Authorization`` (replicas use the
+same key file, so they derive the same tenant). A replica that cannot be reached is
+marked unhealthy (its index entries dropped); one that answers 429 or 503 sheds new
+traffic for its ``Retry-After`` (1 s by default); either way the request is tried on
+the next best replica, and when none is left the caller gets 503. Any other answer is
+passed through unchanged: status, body, and the SSE stream chunk by chunk, with
+``usage.cached_tokens`` exactly as the replica reported it. The response carries
+``x-prefixcache-replica: <number>``.
+
+Load accounting (:class:`~.replicas.Routed`): the request's prefill counts as queued on
+its replica until the first byte of the answer, and it counts as running until the
+answer ends (or the client goes away: the upstream stream is closed, so the replica
+aborts it).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import httpx
+from starlette.responses import Response, StreamingResponse
+
+from prefixcache.router.metrics import RouterMetrics
+from prefixcache.router.replicas import ReplicaSet, Routed
+from prefixcache.server.errors import SERVER_ERROR, APIError
+
+log = logging.getLogger(__name__)
+
+FORWARDED_HEADERS = ("authorization", "content-type", "accept", "x-request-id")
+DEFAULT_SHED_S = 1.0
+
+
+def cached_tokens(body: dict) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of a response or chunk, if any."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details") or {}
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    try:
+        return max(0.1, float(resp.headers.get("retry-after", DEFAULT_SHED_S)))
+    except ValueError:
+        return DEFAULT_SHED_S
+
+
+class Proxy:
+    """Sends requests to replicas and streams their answers back.
+
+    Args:
+        replicas: the :class:`ReplicaSet` (routing and load accounting).
+        metrics: where decisions and reported hits are counted.
+        client: the HTTP client (no read timeout: generations can be long).
+    """
+
+    def __init__(self, replicas: ReplicaSet, metrics: RouterMetrics, client: httpx.AsyncClient):
+        self.replicas, self.metrics, self.client = replicas, metrics, client
+
+    async def send(self, path: str, raw: bytes, headers: dict[str, str],
+                   route: Callable[[Sequence[int]], Routed | None]) -> Response:
+        """Route (``route(excluded)``), forward and answer.
+
+        Raises:
+            APIError: 503 ``no_healthy_replica`` when no replica can take it.
+        """
+        tried: list[int] = []
+        while True:
+            routed = route(tried)
+            if routed is None:
+                self.metrics.no_replica.inc()
+                raise APIError(503, "no healthy replica can take this request; retry later",
+                               type=SERVER_ERROR, code="no_healthy_replica",
+                               headers={"Retry-After": "1"})
+            i = routed.decision.replica
+            url = self.replicas.specs[i].url + path
+            try:
+                resp = await self.client.send(
+                    self.client.build_request("POST", url, content=raw, headers=headers),
+                    stream=True)
+            except httpx.TransportError as exc:
+                log.warning("replica %d (%s) unreachable: %s", i, url, exc)
+                self._failed(routed, tried)
+                self.replicas.set_health(i, False)
+                continue
+            if resp.status_code in (429, 503):
+                await resp.aclose()
+                self._failed(routed, tried)
+                self.replicas.shed(i, _retry_after(resp))
+                continue
+            return await self._answer(routed, resp)
+
+    def _failed(self, routed: Routed, tried: list[int]) -> None:
+        self.replicas.release(routed)
+        self.metrics.upstream_errors.labels(str(routed.decision.replica)).inc()
+        tried.append(routed.decision.replica)
+
+    def _count(self, routed: Routed, prompt_tokens: int) -> None:
+        d = routed.decision
+        r = str(d.replica)
+        self.metrics.decisions.labels(r, d.reason).inc()
+        self.metrics.predicted.labels(r).inc(d.hit_tokens)
+        self.metrics.prompt.labels(r).inc(prompt_tokens)
+
+    async def _answer(self, routed: Routed, resp: httpx.Response) -> Response:
+        replica = str(routed.decision.replica)
+        self._count(routed, routed.queued_tokens + routed.decision.hit_tokens)
+        headers = {"x-prefixcache-replica": replica}
+        media = resp.headers.get("content-type", "application/json")
+        if not media.startswith("text/event-stream"):
+            try:
+                body = await resp.aread()
+            finally:
+                await resp.aclose()
+                self.replicas.release(routed)
+            self._observe_json(replica, body)
+            return Response(body, status_code=resp.status_code, media_type=media,
+                            headers=headers)
+        return StreamingResponse(self._stream(routed, resp, replica), status_code=resp.status_code,
+                                 media_type=media, headers=headers)
+
+    def _observe_json(self, replica: str, body: bytes) -> None:
+        try:
+            value = cached_tokens(json.loads(body))
+        except ValueError:
+            return
+        if value is not None:
+            self.metrics.reported.labels(replica).inc(value)
+
+    async def _stream(self, routed: Routed, resp: httpx.Response, replica: str
+                      ) -> AsyncIterator[bytes]:
+        pending = b""
+        try:
+            async for chunk in resp.aiter_raw():
+                self.replicas.prefilled(routed)
+                pending = self._scan(replica, pending + chunk)
+                yield chunk
+        finally:
+            await resp.aclose()
+            self.replicas.release(routed)
+
+    def _scan(self, replica: str, data: bytes) -> bytes:
+        """Count the usage of complete SSE events in ``data``; returns the incomplete
+        rest."""
+        *events, rest = data.split(b"\n\n")
+        for ev in events:
+            for line in ev.split(b"\n"):
+                if line.startswith(b"data: {") and b'"usage"' in line:
+                    self._observe_json(replica, line[6:])
+        return rest

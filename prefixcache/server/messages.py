@@ -1,0 +1,121 @@
+"""``POST /v1/messages``: the Anthropic Messages API over the chat completions path.
+
+The body is translated to a Chat Completions request (:mod:`.anthropic_wire`), served by
+:class:`~.serving.OpenAIServing` like any chat request, and its answer translated back:
+one JSON message, or the Messages event stream (``message_start``,
+``content_block_delta``..., ``message_delta`` with the stop reason and usage,
+``message_stop``). Errors are Anthropic error objects
+(``{"type": "error", "error": {"type", "message"}}``) with the same HTTP status the
+OpenAI routes use.
+
+``cache_control`` breakpoints map to the engine's TTL pins: the request's
+``pin_ttl_s`` is the longest TTL asked for (``"5m"`` 300 s, ``"1h"`` 3600 s). Usage:
+``cache_read_input_tokens`` = the engine's ``cached_tokens``; with a breakpoint, the
+prompt tokens computed (``prompt - cached``) are reported as
+``cache_creation_input_tokens`` (the engine publishes every full page it computes),
+without one as ``input_tokens``.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from prefixcache.server import anthropic_sse as sse
+from prefixcache.server import anthropic_wire as wire
+from prefixcache.server.errors import APIError
+from prefixcache.server.protocol import ChatCompletionRequest, parse_body
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    """An :class:`APIError` as an Anthropic error response (same status and headers)."""
+    kind = _ERROR_TYPES.get(exc.status, "api_error")
+    return JSONResponse(wire.error_body(exc.message, kind), status_code=exc.status,
+                        headers=exc.headers)
+
+
+def usage_of(openai_usage: dict, ttl_s: float | None) -> dict:
+    """Messages usage from an OpenAI usage object of our engine (``ttl_s``: the pin)."""
+    prompt = int(openai_usage.get("prompt_tokens", 0))
+    cached = int((openai_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    written = prompt - cached if ttl_s is not None else 0
+    return wire.anthropic_usage(prompt, cached, int(openai_usage.get("completion_tokens", 0)),
+                                written, "1h" if (ttl_s or 0) > 300 else "5m")
+
+
+def translate(raw: bytes) -> tuple[ChatCompletionRequest, float | None, dict]:
+    """A Messages body -> (chat request, pin TTL seconds, the body). Raises APIError 400."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
+        raise APIError(400, "max_tokens is required and must be a positive integer",
+                       param="max_tokens")
+    try:
+        ttl = wire.pin_ttl_s(body)
+        chat = wire.messages_to_chat(body)
+    except wire.WireError as exc:
+        raise APIError(400, str(exc), param=exc.param) from None
+    if chat.get("stream"):
+        chat["stream_options"] = {"include_usage": True}
+    req = parse_body(ChatCompletionRequest, json.dumps(chat).encode())
+    assert isinstance(req, ChatCompletionRequest)
+    return req, ttl, body
+
+
+async def serve_messages(serving: Any, raw: bytes, principal: Any, request: Request,
+                         arrival: float) -> Response:
+    """Serve one Messages request through ``serving`` (an ``OpenAIServing``)."""
+    try:
+        req, ttl, body = translate(raw)
+        resp = await serving.chat(req, principal, request, arrival, pin_ttl_s=ttl)
+    except APIError as exc:
+        return error_response(exc)
+    model = str(body.get("model") or "")
+    msg_id = f"msg_{uuid.uuid4().hex}"
+    if isinstance(resp, StreamingResponse):
+        resp.body_iterator = _events(resp.body_iterator, msg_id, model, ttl)
+        return resp
+    if not isinstance(resp, JSONResponse):
+        return resp  # 499: the client is gone
+    data = json.loads(bytes(resp.body))
+    choice = data["choices"][0]
+    return JSONResponse(wire.message_response(
+        msg_id, model, choice["message"]["content"] or "", choice.get("finish_reason"),
+        usage_of(data["usage"], ttl)))
+
+
+async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: float | None
+                  ) -> AsyncIterator[str]:
+    """OpenAI chat chunks (SSE text) -> Messages events."""
+    yield sse.stream_start(msg_id, model, wire.anthropic_usage(0, 0, 0))
+    finish: str | None = None
+    usage = None
+    async for chunk in chunks:
+        text = chunk if isinstance(chunk, str) else bytes(chunk).decode()
+        for line in text.split("\n"):
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                yield sse.stream_error(obj["error"].get("message", "engine error"))
+                return
+            if obj.get("usage") and not obj.get("choices"):
+                usage = usage_of(obj["usage"], ttl_s)
+            for c in obj.get("choices") or []:
+                delta = (c.get("delta") or {}).get("content")
+                if delta:
+                    yield sse.stream_delta(delta)
+                finish = c.get("finish_reason") or finish
+    yield sse.stream_stop(finish, usage or wire.anthropic_usage(0, 0, 0))

@@ -1,0 +1,145 @@
+"""Property-based state machine: the page pool with host-RAM and disk tiers under it.
+
+Requests of a few namespaces admit (pool hits, then tier loads), compute chunks, finish;
+the store worker is flushed at random; disk files are corrupted at random. After every
+operation: the pool's invariants hold (:func:`check_invariants`: whole pool, ref counts,
+states), every page a request holds carries exactly the KV its own namespace and tokens
+give (so a tier never served a wrong, corrupt or foreign page), and at idle nothing is held.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from prefixcache.cache.invariants import check_invariants
+from prefixcache.cache.manager import KVCacheManager
+from prefixcache.cache.page_table import PageTable
+from prefixcache.config import EngineConfig
+from prefixcache.engine.kv_tiers import KVTiers
+from prefixcache.model.kv_pool import KVPool
+
+BS, PAGES = 2, 10
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 9, 9, 9, 9, 9], [5, 5, 5, 5, 5, 5],
+           [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]]
+
+
+def kv_value(ns: int, pos: int, token: int) -> float:
+    """What the 'model' writes at a position: a function of namespace, position, token."""
+    return float(ns * 100_000 + pos * 100 + token)
+
+
+class TierMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="tiers-sm-")
+        self.cache = KVCacheManager(PAGES, BS)
+        self.kv = KVPool(1, PAGES, BS, 1, 1, torch.float32, "cpu")
+        page_bytes = 2 * BS * 4
+        cfg = EngineConfig(host_cache_bytes=8 * page_bytes, disk_cache_dir=self.dir,
+                           disk_cache_bytes=6000, tier_load_policy="always",
+                           tier_store_queue=8)
+        self.tiers = KVTiers(cfg, self.cache, self.kv, "sm-model")
+        self.reqs: dict[str, tuple[PageTable, int]] = {}
+        self.n = 0
+
+    def teardown(self):
+        self.tiers.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @rule(ns=st.integers(0, 2), which=st.integers(0, len(PROMPTS) - 1), flush=st.booleans())
+    def admit(self, ns, which, flush):
+        if flush:
+            self.tiers.flush()
+        rid = f"r{self.n}"
+        self.n += 1
+        pt = self.cache.new_page_table(rid, list(PROMPTS[which]), tenant=f"t{ns}")
+        self.cache.take_hits(pt)
+        self.tiers.extend_hit(pt)
+        self.reqs[rid] = (pt, ns)
+
+    @precondition(lambda self: self.reqs)
+    @rule(i=st.integers(0, 99), chunk=st.integers(1, 5))
+    def step(self, i, chunk):
+        self._step(sorted(self.reqs)[i % len(self.reqs)], chunk)
+
+    def _step(self, rid: str, chunk: int) -> None:
+        pt, ns = self.reqs[rid]
+        n = min(chunk, len(pt.token_ids) - pt.num_computed_tokens)
+        if n <= 0 or not self.cache.allocate(pt, n):
+            return
+        for pos in range(pt.num_computed_tokens, pt.num_computed_tokens + n):
+            page, off = pt.pages[pos // BS], pos % BS
+            v = kv_value(ns, pos, pt.token_ids[pos])
+            self.kv.k[0][page, off] = v
+            self.kv.v[0][page, off] = -v
+        self.cache.commit(pt, n)
+
+    @precondition(lambda self: self.reqs)
+    @rule(i=st.integers(0, 99), complete=st.booleans())
+    def finish(self, i, complete):
+        """Finish a request (abort it, or compute what it still can first)."""
+        rid = sorted(self.reqs)[i % len(self.reqs)]
+        if complete:
+            self._step(rid, 99)
+        pt, _ = self.reqs.pop(rid)
+        self.cache.free(pt)
+
+    @rule()
+    def flood(self):
+        """Another request takes every allocatable page and fails its step: cached pages
+        are evicted (written back), its own pages publish nothing."""
+        n = self.cache.pool.num_allocatable
+        if n == 0:
+            return
+        self.n += 1
+        pt = self.cache.new_page_table(f"f{self.n}", [self.n % 200 + 20] * (n * BS),
+                                       tenant="flood")
+        assert self.cache.allocate(pt, n * BS)
+        self.cache.fail_step(pt)
+        self.cache.free(pt)
+
+    @rule()
+    def flush(self):
+        self.tiers.flush()
+
+    @rule(i=st.integers(0, 99), at=st.integers(0, 10_000))
+    def corrupt_a_file(self, i, at):
+        self.tiers.flush()
+        files = sorted(Path(self.dir).glob("*.kvpg"))
+        if files:
+            f = files[i % len(files)]
+            data = bytearray(f.read_bytes())
+            data[at % len(data)] ^= 0x10
+            f.write_bytes(bytes(data))
+
+    @invariant()
+    def pool_whole_and_contents_right(self):
+        check_invariants(self.cache)
+        for pt, ns in self.reqs.values():
+            for pos in range(pt.num_computed_tokens):
+                page, off = pt.pages[pos // BS], pos % BS
+                v = kv_value(ns, pos, pt.token_ids[pos])
+                assert self.kv.k[0][page, off].item() == v, (pt.request_id, pos)
+                assert self.kv.v[0][page, off].item() == -v
+
+    @invariant()
+    def nothing_held_at_idle(self):
+        if not self.reqs:
+            assert self.cache.pool.num_live == 0
+        s = self.tiers.stats()
+        assert s["host_tier_bytes_used"] <= 8 * 2 * BS * 4
+        assert s["disk_tier_bytes_used"] <= 6000
+
+
+TierMachine.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=40, deadline=None,
+    derandomize=os.environ.get("CI", "").lower() == "true",
+    suppress_health_check=[HealthCheck.too_slow])
+TestTierStateful = TierMachine.TestCase

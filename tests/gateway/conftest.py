@@ -1,0 +1,102 @@
+"""Fixtures of the gateway tests: emulated providers served by uvicorn on loopback (real
+sockets, so a broken stream really breaks), and gateways talked to in-process."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from prefixcache.gateway.app import create_app, make_client
+from prefixcache.gateway.emulator import Emulator
+from prefixcache.gateway.policy import TenantPolicy
+from prefixcache.gateway.service import Gateway
+from prefixcache.gateway.store import MemoryStore
+from prefixcache.gateway.upstreams import Upstream, UpstreamSpec
+from prefixcache.server.auth import Authenticator
+from tests.server.live import free_port
+
+KEYS = {"sk-a": {"tenant": "alice", "admin": False},
+        "sk-b": {"tenant": "bob", "admin": False},
+        "sk-ops": {"tenant": "ops", "admin": True}}
+A = {"Authorization": "Bearer sk-a"}
+B = {"Authorization": "Bearer sk-b"}
+
+
+class ThreadServer:
+    """An ASGI app served by uvicorn on a thread of this process."""
+
+    def __init__(self, app):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="critical", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def emulators():
+    """Start emulators on demand: ``emulators("anthropic", delay_s=...)``."""
+    started = []
+
+    def start(provider: str, **kw) -> tuple[Emulator, str]:
+        emu = Emulator(provider, **kw)
+        srv = ThreadServer(emu.app)
+        started.append(srv)
+        return emu, srv.url
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+def make_gateway(upstreams: list[tuple[str, str, str, tuple[str, ...]]], *,
+                 policies: dict | None = None, store=None, semantic=None,
+                 timeout_s: float = 10.0) -> Gateway:
+    """``upstreams``: ``(name, url, provider, models)``."""
+    client = make_client()
+    ups = [Upstream(UpstreamSpec(n, u, p, m, timeout_s=timeout_s), client)
+           for n, u, p, m in upstreams]
+    return Gateway(ups, store or MemoryStore(),
+                   policies={"*": TenantPolicy(), **(policies or {})}, semantic=semantic)
+
+
+def run(coro_fn, gateway: Gateway):
+    """Run ``coro_fn(client)`` against ``gateway``'s app, in-process."""
+    app = create_app(gateway, Authenticator(KEYS))
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                     timeout=30) as c:
+            try:
+                return await coro_fn(c)
+            finally:
+                for u in gateway.upstreams:
+                    await u.client.aclose()
+
+    return asyncio.run(main())
+
+
+def chat(model: str, user: str, *, system: str | None = None, **kw) -> dict:
+    msgs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}]
+    return {"model": model, "messages": msgs, "temperature": 0, "max_tokens": 16, **kw}
+
+
+def sse_data(text: str) -> list[dict]:
+    return [__import__("json").loads(ln[6:]) for ln in text.split("\n")
+            if ln.startswith("data: ") and ln != "data: [DONE]"]

@@ -1,0 +1,149 @@
+"""Layer 1: the exact cache, its isolation, bypass, single-flight and what is stored."""
+from __future__ import annotations
+
+import asyncio
+
+from prefixcache.gateway.policy import TenantPolicy
+from tests.gateway.conftest import A, B, chat, make_gateway, run, sse_data
+
+M = "gpt-4.1"
+
+
+def _gw(url, **kw):
+    return make_gateway([("oa", url, "openai", (M,))], **kw)
+
+
+def test_a_repeat_is_served_by_layer_1_and_the_upstream_is_called_once(emulators):
+    emu, url = emulators("openai")
+
+    async def go(c):
+        r1 = await c.post("/v1/chat/completions", json=chat(M, "hi"), headers=A)
+        r2 = await c.post("/v1/chat/completions", json=chat(M, "hi"), headers=A)
+        return r1, r2
+
+    r1, r2 = run(go, _gw(url))
+    assert r1.status_code == r2.status_code == 200
+    assert r1.headers["x-prefixcache-cache"] == "miss"
+    assert r2.headers["x-prefixcache-cache"] == "exact"
+    assert r2.json()["usage"]["cache_layer"] == "exact"
+    assert r1.json()["choices"][0]["message"] == r2.json()["choices"][0]["message"]
+    assert emu.calls == 1
+
+
+def test_tenant_b_never_gets_tenant_a_answer_and_no_key_is_revealed(emulators):
+    emu, url = emulators("openai")
+
+    async def go(c):
+        ra = await c.post("/v1/chat/completions", json=chat(M, "secret?"), headers=A)
+        rb = await c.post("/v1/chat/completions", json=chat(M, "secret?"), headers=B)
+        return ra, rb
+
+    ra, rb = run(go, _gw(url))
+    assert ra.headers["x-prefixcache-cache"] == "miss"
+    assert rb.headers["x-prefixcache-cache"] == "miss"
+    assert emu.calls == 2
+    for r in (ra, rb):
+        shown = r.text + "".join(f"{k}:{v}" for k, v in r.headers.items())
+        assert "sk-a" not in shown and "sk-b" not in shown
+    # the upstream never sees the clients' keys either
+    assert all("sk-" not in str(b) for b in emu.bodies)
+
+
+def test_another_system_prompt_or_tool_set_misses(emulators):
+    emu, url = emulators("openai")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    tool2 = {"type": "function", "function": {"name": "g", "parameters": {}}}
+    bodies = [chat(M, "same", system="S1"), chat(M, "same", system="S2"),
+              chat(M, "same", system="S1", tools=[tool]),
+              chat(M, "same", system="S1", tools=[tool, tool2]),
+              chat(M, "same", system="S1", tools=[tool2, tool]),
+              chat(M, "same", system="S1", max_tokens=17)]
+
+    async def go(c):
+        return [await c.post("/v1/chat/completions", json=b, headers=A) for b in bodies]
+
+    rs = run(go, _gw(url))
+    assert [r.headers["x-prefixcache-cache"] for r in rs] == ["miss"] * len(bodies)
+    assert emu.calls == len(bodies)
+
+
+def test_sampled_requests_bypass_unless_the_tenant_opts_in(emulators):
+    emu, url = emulators("openai")
+    body = chat(M, "roll", temperature=0.7)
+
+    async def go(c):
+        return [(await c.post("/v1/chat/completions", json=body, headers=h)).headers[
+            "x-prefixcache-cache"] for h in (B, B, A, A)]
+
+    layers = run(go, _gw(url, policies={"alice": TenantPolicy(cache_sampled=True)}))
+    assert layers == ["bypass", "bypass", "miss", "exact"]
+    assert emu.calls == 3
+
+
+def test_a_stream_is_stored_and_replayed_as_sse_in_both_wire_formats(emulators):
+    emu, url = emulators("openai")
+
+    async def go(c):
+        s1 = await c.post("/v1/chat/completions", json=chat(M, "s", stream=True), headers=A)
+        s2 = await c.post("/v1/chat/completions", json=chat(M, "s", stream=True), headers=A)
+        j3 = await c.post("/v1/chat/completions", json=chat(M, "s"), headers=A)
+        m4 = await c.post("/v1/messages", json={"model": M, "max_tokens": 16, "temperature": 0,
+                                                "messages": [{"role": "user", "content": "s"}],
+                                                "stream": True}, headers=A)
+        return s1, s2, j3, m4
+
+    s1, s2, j3, m4 = run(go, _gw(url))
+    text = lambda r: "".join((c["choices"][0]["delta"].get("content") or "")  # noqa: E731
+                             for c in sse_data(r.text) if c.get("choices"))
+    assert [r.headers["x-prefixcache-cache"] for r in (s1, s2, j3, m4)] == [
+        "miss", "exact", "exact", "exact"]
+    answer = j3.json()["choices"][0]["message"]["content"]
+    assert text(s1) == text(s2) == answer and answer.startswith("[openai] answer ")
+    assert s2.text.rstrip().endswith("data: [DONE]")
+    deltas = [e["delta"]["text"] for e in sse_data(m4.text) if e["type"] ==
+              "content_block_delta"]
+    assert "".join(deltas) == answer
+    assert sse_data(m4.text)[-1] == {"type": "message_stop"}
+    assert emu.calls == 1
+
+
+def test_a_stampede_of_20_identical_misses_makes_one_upstream_call(emulators):
+    emu, url = emulators("openai", delay_s=0.3)
+
+    async def go(c):
+        return await asyncio.gather(*[c.post("/v1/chat/completions", json=chat(M, "herd"),
+                                             headers=A) for _ in range(20)])
+
+    rs = run(go, _gw(url))
+    assert emu.calls == 1
+    assert {r.status_code for r in rs} == {200}
+    assert len({r.json()["choices"][0]["message"]["content"] for r in rs}) == 1
+    layers = sorted(r.headers["x-prefixcache-cache"] for r in rs)
+    assert layers == ["exact"] * 19 + ["miss"]
+
+
+def test_when_the_leader_fails_a_follower_retries(emulators):
+    emu, url = emulators("openai", delay_s=0.2)
+    emu.faults = ["500"]
+
+    async def go(c):
+        return await asyncio.gather(*[c.post("/v1/chat/completions", json=chat(M, "retry"),
+                                             headers=A) for _ in range(5)])
+
+    gw = _gw(url)
+    rs = run(go, gw)
+    assert sorted(r.status_code for r in rs) == [200, 200, 200, 200, 502]
+    assert emu.calls == 2
+    assert len(gw.flights) == 0
+
+
+def test_finish_reasons_outside_the_policy_are_not_stored(emulators):
+    emu, url = emulators("openai")
+
+    async def go(c):
+        return [(await c.post("/v1/chat/completions", json=chat(M, "x"), headers=A)).headers[
+            "x-prefixcache-cache"] for _ in range(2)]
+
+    gw = _gw(url, policies={"alice": TenantPolicy(store_finish_reasons=("length",))})
+    assert run(go, gw) == ["miss", "miss"]
+    assert emu.calls == 2 and len(gw.store) == 0

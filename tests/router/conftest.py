@@ -1,0 +1,78 @@
+"""Two real ``prefixcache serve`` replicas (builtin:tiny, KV events on, one key file) and
+a router in front of them, run in-process on a uvicorn thread."""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from prefixcache.router.cli import add_parser, build_router_app
+from tests.server.live import KEYS, LiveServer, free_port
+
+
+class RouterThread:
+    """``prefixcache router`` on a uvicorn thread (its app is inspectable)."""
+
+    def __init__(self, argv: list[str]):
+        sub = argparse.ArgumentParser().add_subparsers()
+        port = free_port()
+        args = add_parser(sub).parse_args(["--port", str(port), "--model", "builtin:tiny",
+                                           "--health-interval-s", "0.2", *argv])
+        self.app = build_router_app(args)
+        self.base = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        t0 = time.monotonic()
+        while not self.server.started:
+            assert time.monotonic() - t0 < 20, "router did not start"
+            time.sleep(0.05)
+
+    @property
+    def replicas(self):
+        return self.app.state.router.replicas
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("router-keys") / "keys.json"
+    path.write_text(json.dumps(KEYS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory, keys_file):
+    servers = []
+    for i in range(2):
+        ep, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        srv = LiveServer(["--api-keys", str(keys_file), "--kv-events-endpoint", ep,
+                          "--kv-events-replay-endpoint", rep],
+                         tmp_path_factory.mktemp(f"replica{i}") / "server.log")
+        srv.events, srv.replay = ep, rep
+        servers.append(srv)
+    try:
+        for srv in servers:
+            srv.wait_ready()
+        yield servers
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+@pytest.fixture(scope="module")
+def router(replicas, keys_file):
+    argv = ["--api-keys", str(keys_file)]
+    for srv in replicas:
+        argv += ["--replica", f"{srv.base},events={srv.events},replay={srv.replay}"]
+    r = RouterThread(argv)
+    yield r
+    r.stop()

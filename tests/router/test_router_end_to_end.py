@@ -1,0 +1,146 @@
+"""The router in front of two real replicas: routing by the replicas' own KV events,
+usage passed through, streaming, tenants, and the failure answers."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from tests.router.conftest import RouterThread
+from tests.server.live import expected_hit, free_port, labelled, unique_prompt
+
+ALICE = {"Authorization": "Bearer sk-alice"}
+BOB = {"Authorization": "Bearer sk-bob"}
+
+
+def _complete(router, prompt: str, headers=ALICE, **extra) -> httpx.Response:
+    return httpx.post(router.base + "/v1/completions", headers=headers, timeout=60,
+                      json={"model": "builtin:tiny", "prompt": prompt, "max_tokens": 2,
+                            "temperature": 0, **extra})
+
+
+def _metrics(router) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(router.base + "/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(None, 1)
+            out[key] = float(value)
+    return out
+
+
+def _wait_confirmed(router, replica: int, hashes: list[bytes]) -> None:
+    """Wait until the replica's KV events confirmed these pages in the index."""
+    idx = router.replicas.index
+    t0 = time.monotonic()
+    while True:
+        with router.replicas.lock:
+            holders = [idx._entries.get(h, {}).get(replica) for h in hashes]
+        if all(e is not None and e[1] == float("inf") for e in holders):
+            return
+        assert time.monotonic() - t0 < 10, "KV events did not arrive"
+        time.sleep(0.05)
+
+
+def test_a_repeat_goes_where_its_pages_are_and_reports_the_replicas_cached_tokens(router):
+    prompt = unique_prompt(40)
+    first = _complete(router, prompt)
+    assert first.status_code == 200, first.text
+    where = int(first.headers["x-prefixcache-replica"])
+    usage = first.json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    keys = router.app.state.router.settings.keys
+    ids = router.app.state.router.settings.tokenizer.encode(prompt)
+    assert len(ids) == usage["prompt_tokens"]
+    hashes = keys.page_hashes(ids, "alice", None)
+    _wait_confirmed(router, where, hashes)  # the replica's own events, same hashes
+    before = _metrics(router)
+    second = _complete(router, prompt)
+    assert int(second.headers["x-prefixcache-replica"]) == where
+    cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == expected_hit(usage["prompt_tokens"]) > 0
+    after = _metrics(router)
+    r = str(where)
+    assert (labelled(after, "router_reported_cached_tokens_total", replica=r)
+            - labelled(before, "router_reported_cached_tokens_total", replica=r)) == cached
+    assert (labelled(after, "router_predicted_hit_tokens_total", replica=r)
+            - labelled(before, "router_predicted_hit_tokens_total", replica=r)) == cached
+    assert (labelled(after, "router_decisions_total", replica=r, reason="cache")
+            - labelled(before, "router_decisions_total", replica=r, reason="cache")) == 1
+    # another tenant's identical prompt is never scored as a hit on alice's pages
+    before = after
+    third = _complete(router, prompt, headers=BOB)
+    assert third.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    after = _metrics(router)
+    for i in ("0", "1"):
+        assert (labelled(after, "router_predicted_hit_tokens_total", replica=i)
+                == labelled(before, "router_predicted_hit_tokens_total", replica=i))
+
+
+def test_streams_pass_through_with_usage(router):
+    prompt = unique_prompt(30)
+    body = {"model": "builtin:tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    for _ in range(2):
+        with httpx.stream("POST", router.base + "/v1/completions", headers=ALICE, json=body,
+                          timeout=60) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            lines = [ln for ln in resp.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        usage = json.loads(lines[-2][6:])["usage"]
+        assert usage["completion_tokens"] == 3
+    assert usage["prompt_tokens_details"]["cached_tokens"] == expected_hit(
+        usage["prompt_tokens"])
+    with router.replicas.lock:
+        assert all(r.running == 0 and r.queued_tokens == 0 for r in router.replicas.loads)
+
+
+def test_errors_are_openai_objects(router):
+    r = httpx.post(router.base + "/v1/completions", json={"prompt": "x"}, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = _complete(router, "x", max_tokens=-1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = _complete(router, "x", model="nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_503_when_no_replica_is_healthy_and_failover_when_one_is_down(replicas, keys_file):
+    dead = f"http://127.0.0.1:{free_port()}"
+    router = RouterThread(["--api-keys", str(keys_file), "--replica", dead])
+    try:
+        r = _complete(router, "hello")
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "no_healthy_replica"
+        assert httpx.get(router.base + "/health", timeout=5).status_code == 503
+    finally:
+        router.stop()
+    router = RouterThread(["--api-keys", str(keys_file), "--replica", dead,
+                           "--replica", replicas[0].base, "--health-interval-s", "600"])
+    try:
+        router.replicas.set_health(0, True)  # as if it died after its health check
+        for _ in range(2):  # ties rotate: one of the two is tried on the dead one first
+            r = _complete(router, unique_prompt(10))
+            assert r.status_code == 200 and r.headers["x-prefixcache-replica"] == "1"
+        assert not router.replicas.loads[0].healthy
+        m = _metrics(router)
+        assert labelled(m, "router_upstream_errors_total", replica="0") == 1
+    finally:
+        router.stop()
+
+
+def test_chat_turns_follow_their_conversation(router):
+    messages = [{"role": "system", "content": unique_prompt(30)},
+                {"role": "user", "content": "first question " * 4}]
+    seen = []
+    for _turn in range(3):
+        r = httpx.post(router.base + "/v1/chat/completions", headers=ALICE, timeout=60,
+                       json={"model": "builtin:tiny", "messages": messages, "max_tokens": 2,
+                             "temperature": 0})
+        assert r.status_code == 200, r.text
+        seen.append((int(r.headers["x-prefixcache-replica"]),
+                     r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]))
+        messages += [r.json()["choices"][0]["message"],
+                     {"role": "user", "content": "and then? " * 4}]
+    assert len({replica for replica, _ in seen}) == 1  # affinity over turns
+    assert seen[0][1] == 0 and all(c > 0 for _, c in seen[1:])
