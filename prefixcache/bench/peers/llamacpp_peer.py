@@ -4,6 +4,10 @@ Installed by ``make peers`` into ``.peers/llamacpp`` (built from the sdist, unpa
 ``.peers/src``). The benchmark model is converted once to GGUF with the converter shipped
 in that sdist (``vendor/llama.cpp/convert_hf_to_gguf.py`` with its ``conversion/`` and
 ``gguf-py/`` folders), at the run's dtype (f32 or bf16), under ``<work_dir>/gguf``.
+The converter runs in the peer's venv, whose transformers (4.x) does not know the
+tokenizer class name transformers 5 writes (``TokenizersBackend``): it reads a staging
+directory of links to the model's files whose ``tokenizer_config.json`` names the 4.x
+equivalent, ``PreTrainedTokenizerFast`` (the same ``tokenizer.json``).
 
 The server holds one model behind a lock (no concurrency across requests; started with
 ``--interrupt_requests false`` so a new request waits instead of cutting off the one
@@ -15,6 +19,7 @@ lines ``Llama.generate: N prefix-match hit`` and reports it as the run's cached 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -52,6 +57,27 @@ def gguf_path(ctx: PeerContext) -> Path:
     return ctx.work_dir / "gguf" / name
 
 
+OLD_TOKENIZER_CLASS = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def staging_dir(model_dir: Path, into: Path) -> Path:
+    """``into``: links to every file of ``model_dir``, with ``tokenizer_config.json``
+    copied and its ``tokenizer_class`` renamed for transformers 4.x (the converter's)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for f in model_dir.iterdir():
+        dst = into / f.name
+        if dst.is_symlink() or dst.exists():
+            dst.unlink()
+        if f.name == "tokenizer_config.json":
+            cfg = json.loads(f.read_text())
+            cls = cfg.get("tokenizer_class")
+            cfg["tokenizer_class"] = OLD_TOKENIZER_CLASS.get(cls, cls)
+            dst.write_text(json.dumps(cfg, indent=2))
+        else:
+            dst.symlink_to(f.resolve())
+    return into
+
+
 def convert_to_gguf(ctx: PeerContext, log: Path | None = None) -> Path:
     """Convert ``ctx.model_dir`` to GGUF once (cached by content stamp)."""
     out = gguf_path(ctx)
@@ -61,7 +87,9 @@ def convert_to_gguf(ctx: PeerContext, log: Path | None = None) -> Path:
     script = converter_script(ctx)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    argv = [str(py), str(script), str(ctx.model_dir), "--outfile", str(tmp),
+    assert ctx.model_dir is not None
+    src = staging_dir(ctx.model_dir, out.parent / (out.stem + ".src"))
+    argv = [str(py), str(script), str(src), "--outfile", str(tmp),
             "--outtype", OUTTYPE[ctx.dtype]]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     if log:
