@@ -87,9 +87,10 @@ def check_pins_and_owners(mgr: KVCacheManager) -> None:
                                    if p is not None)
     for pin in reg.pins.values():
         for h in pin.demoted():
-            if pin.key not in reg.waiting.get(h, ()):
+            if pin.key not in reg.demotion.waiting.get(h, ()):
                 raise InvariantError("a demoted pin page is not awaited by its hash")
-    if sum(map(len, reg.waiting.values())) != sum(len(p.demoted()) for p in reg.pins.values()):
+    awaited = sum(map(len, reg.demotion.waiting.values()))
+    if awaited != sum(len(p.demoted()) for p in reg.pins.values()):
         raise InvariantError("pins await hashes they do not hold")
     for page in range(pool.num_pages):
         if reg.pin_count[page] != counts[page]:

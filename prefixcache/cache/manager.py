@@ -169,7 +169,7 @@ class KVCacheManager:
     def repin(self, pages: list[int]) -> None:
         """Published pages just hit or loaded from a KV tier: pin again those a demoted
         pin waits for (:meth:`.pins.PinRegistry.on_reload`)."""
-        if self.pins.waiting:
+        if self.pins.demotion.waiting:
             ph = self.index.page_hash
             self.pins.on_reload(pages, [ph[p] or b"" for p in pages])
 
@@ -267,7 +267,7 @@ class KVCacheManager:
 
     def _evict(self, page: int) -> None:
         """Allocation evicts a cached-free page: with the write-back hook set, its pins
-        are demoted with it rather than lapsing (``PinRegistry.demote``)."""
+        are demoted with it rather than lapsing (:mod:`.pin_demotion`)."""
         if self.pool.pinned[page] and self._alloc.on_evict is not None:
             self.pins.on_drop(page, evicted=True)
         self.drop_cached(page)

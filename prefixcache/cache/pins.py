@@ -11,11 +11,11 @@ unpinned cached-free page is gone (:mod:`.cached_queues`). Pins never starve adm
   (:class:`PinCapError`) and nothing lapses. One tenant never unpins another's pages.
 - **Still evictable.** Under pressure beyond the unpinned pages, pinned cached-free pages
   are evicted too (least recently used first). Without KV tiers, a pin whose page leaves
-  the pool lapses. With them (``demote``), an evicted page is *demoted*: the pin stays,
-  its position holds no pool page, and the engine's tiers (told through ``tier_hook``
-  which page hashes are pinned) keep the page pinned within their own caps; when the page
-  is loaded back (or hit after a recompute), :meth:`PinRegistry.on_reload` pins it in the
-  pool again with the same expiry (or lapses the pin if the pool's cap is full).
+  the pool lapses. With them (``demotion.enabled``), an evicted page is *demoted*
+  (:mod:`.pin_demotion`): the pin stays, its position holds no pool page, and the tiers
+  keep the page pinned within their own caps; when the page is loaded back (or hit after
+  a recompute), :meth:`PinRegistry.on_reload` pins it in the pool again with the same
+  expiry (or lapses the pin if the pool's cap is full).
 - **TTL.** A hit on a pin's last page refreshes it (``expires_at = now + ttl``); pinning
   the same prefix again extends it. Expiry is lazy: expired pins are collected when pins
   are listed or created, and before a pinned page would be evicted; an expired pin's
@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from prefixcache.cache.page_keys import PageKeys
 from prefixcache.cache.page_pool import PagePool
 from prefixcache.cache.page_table import PageTable
+from prefixcache.cache.pin_demotion import PinDemotion, PinKey
 from prefixcache.cache.prefix_index import PrefixIndex
 
-PinKey = tuple[Hashable, bytes]  # (tenant, prefix_hash)
+__all__ = ["Pin", "PinCapError", "PinKey", "PinRegistry"]
 
 
 class PinCapError(RuntimeError):
@@ -118,12 +119,7 @@ class PinRegistry:
         self._expiry: list[tuple[float, int, PinKey]] = []
         self._seq = itertools.count()
         self.num_pinned_pages = 0
-        # Demotion to the KV tiers (set by the engine's tiers): ``tier_hook(hashes, pinned)``
-        # is told every page hash becoming pinned (first pin) or not (last pin gone).
-        self.demote = False
-        self.tier_hook: Callable[[list[bytes], bool], None] | None = None
-        self._hash_refs: dict[bytes, int] = {}       # pins holding each page hash
-        self.waiting: dict[bytes, set[PinKey]] = {}  # demoted hash -> pins awaiting it
+        self.demotion = PinDemotion()  # the engine's KV tiers enable it
         self.counters = {"pins_created": 0, "pins_refused": 0, "pins_expired": 0,
                          "pins_evicted": 0, "pins_lapsed_for_cap": 0, "pins_unpinned": 0,
                          "pin_refreshes": 0, "pin_pages_demoted": 0,
@@ -163,7 +159,7 @@ class PinRegistry:
         self.pins[pin.key] = pin
         for page in pages:
             self._hold(page, pin.key)
-        self._count_hashes(hashes, +1)
+        self.demotion.count(hashes, +1)
         heapq.heappush(self._expiry, (pin.expires_at, pin.seq, pin.key))
         self.counters["pins_created"] += 1
         return pin
@@ -199,24 +195,6 @@ class PinRegistry:
         if self.pin_count[page] == 0:
             self.num_pinned_pages -= 1
             self.pool.set_pinned(page, False)
-
-    def _count_hashes(self, hashes: tuple[bytes, ...], delta: int) -> None:
-        """Count pins per page hash; tell ``tier_hook`` the hashes that turn (un)pinned."""
-        refs, changed = self._hash_refs, []
-        for h in hashes:
-            n = refs.get(h, 0) + delta
-            if n:
-                refs[h] = n
-            else:
-                del refs[h]
-            if n == (1 if delta > 0 else 0):
-                changed.append(h)
-        if changed and self.tier_hook is not None:
-            self.tier_hook(changed, delta > 0)
-
-    def is_pinned_hash(self, page_hash: bytes) -> bool:
-        """Whether a live pin holds this page hash (in the pool or demoted)."""
-        return page_hash in self._hash_refs
 
     def _make_room(self, tenant: Hashable, pages: tuple[int, ...]) -> None:
         """Lapse the tenant's oldest pins until ``pages`` fit under the cap; refuse
@@ -254,11 +232,9 @@ class PinRegistry:
         for page, h in zip(pin.pages, pin.hashes or (b"",) * len(pin.pages)):
             if page is not None:
                 self._let_go(page, pin.key)
-            elif (keys := self.waiting.get(h)) is not None:
-                keys.discard(pin.key)
-                if not keys:
-                    del self.waiting[h]
-        self._count_hashes(pin.hashes, -1)
+            else:
+                self.demotion.forget(h, pin.key)
+        self.demotion.count(pin.hashes, -1)
         if len(self._expiry) > 2 * len(self.pins) + 16:  # drop the removed pins' entries
             self._expiry = [(p.expires_at, p.seq, p.key) for p in self.pins.values()]
             heapq.heapify(self._expiry)
@@ -305,18 +281,18 @@ class PinRegistry:
 
     def on_drop(self, page: int, evicted: bool = False) -> None:
         """A pinned page leaves the pool (eviction, reset): its pins lapse, unless it is
-        ``evicted`` with ``demote`` on: then each pin holding it (with hashes) keeps the
+        ``evicted`` with demotion enabled: then each pin holding it (with hashes) keeps the
         position as demoted and waits for the hash to come back (:meth:`on_reload`)."""
         for pin in sorted((self.pins[k] for k in self._of_page.get(page, ())),
                           key=lambda p: p.seq):
-            if not (evicted and self.demote and pin.hashes):
+            if not (evicted and self.demotion.enabled and pin.hashes):
                 self._remove(pin)
                 self.counters["pins_evicted"] += 1
                 continue
             i = pin.pages.index(page)
             pin.pages = pin.pages[:i] + (None,) + pin.pages[i + 1:]
             self._let_go(page, pin.key)
-            self.waiting.setdefault(pin.hashes[i], set()).add(pin.key)
+            self.demotion.await_hash(pin.hashes[i], pin.key)
             self.counters["pin_pages_demoted"] += 1
 
     def on_reload(self, pages: Iterable[int], hashes: Iterable[bytes]) -> None:
@@ -324,7 +300,7 @@ class PinRegistry:
         for: pin them in the pool again, same expiry. A page that no longer fits under
         the pool's cap lapses its pins."""
         for page, h in zip(pages, hashes):
-            for key in sorted(self.waiting.pop(h, ()), key=lambda k: self.pins[k].seq):
+            for key in sorted(self.demotion.take(h), key=lambda k: self.pins[k].seq):
                 pin = self.pins[key]
                 if not self.pin_count[page] and self.num_pinned_pages >= self.cap_pages:
                     self._remove(pin)
@@ -355,5 +331,5 @@ class PinRegistry:
         """Counters (monotonic) and gauges: ``pins``, ``pages_pinned`` (in the pool),
         ``pin_pages_in_tiers`` (demoted), ``pin_cap_pages``."""
         return self.counters | {"pins": len(self.pins), "pages_pinned": self.num_pinned_pages,
-                                "pin_pages_in_tiers": len(self.waiting),
+                                "pin_pages_in_tiers": len(self.demotion.waiting),
                                 "pin_cap_pages": self.cap_pages}

@@ -92,10 +92,11 @@ class KVTiers:
         if not self.write_through:
             cache.set_evict_hook(self.write_back)
             if self.local:  # pins are demoted to the tiers rather than lapsing
-                cache.pins.demote, cache.pins.tier_hook = True, self.set_pinned
+                cache.pins.demotion.enabled = True
+                cache.pins.demotion.hook = self.set_pinned
 
     def set_pinned(self, hashes: list[bytes], pinned: bool) -> None:
-        """The pin registry's ``tier_hook``: page hashes that became pinned (or not)."""
+        """The pins' demotion ``hook``: page hashes that became pinned (or not)."""
         for tier in self.local:
             tier.set_pinned(hashes, pinned)
 
@@ -132,7 +133,7 @@ class KVTiers:
         pins.expire()
         todo = [e for e in evicted if not all(t.contains(e.page_hash) for t in self.tiers)]
         for pinned in (True, False):
-            part_all = [e for e in todo if pins.is_pinned_hash(e.page_hash) == pinned]
+            part_all = [e for e in todo if pins.demotion.is_pinned(e.page_hash) == pinned]
             for i in range(0, len(part_all), GROUP_PAGES):
                 part = part_all[i:i + GROUP_PAGES]
                 self._submit([e.page for e in part], [e.page_hash for e in part],
@@ -298,7 +299,7 @@ class KVTiers:
             return
         self.closed = True
         self.write_back_cached()
-        self.cache.pins.demote, self.cache.pins.tier_hook = False, None
+        self.cache.pins.demotion.enabled, self.cache.pins.demotion.hook = False, None
         self.queue.close()
         for t in self.tiers:
             t.close()

@@ -3,9 +3,10 @@
 Requests of a few namespaces admit (pool hits, then tier loads), compute chunks, finish;
 the store worker is flushed at random; disk files are corrupted at random. After every
 operation: the pool's invariants hold (:func:`check_invariants`: whole pool, ref counts,
-states, pins), TTL pins (made, expired, unpinned at random) agree with what each tier holds
-pinned, within its cap, every page a request holds carries exactly the KV its own namespace and tokens
-give (so a tier never served a wrong, corrupt or foreign page), and at idle nothing is held.
+states, pins), TTL pins (made, expired, unpinned at random) agree with what each tier
+holds pinned, within its cap, every page a request holds carries exactly the KV its own
+namespace and tokens give (so a tier never served a wrong, corrupt or foreign page), and
+at idle nothing is held.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from prefixcache.cache.invariants import check_invariants
 from prefixcache.cache.manager import KVCacheManager
-from prefixcache.cache.pins import PinCapError
 from prefixcache.cache.page_table import PageTable
+from prefixcache.cache.pins import PinCapError
 from prefixcache.config import EngineConfig
 from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.model.kv_pool import KVPool
