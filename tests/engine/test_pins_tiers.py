@@ -129,6 +129,19 @@ def test_pinned_bytes_in_the_host_tier_stay_under_its_cap():
     assert [p["tier"] for p in llm.list_pins("a")] == ["host"]
 
 
+def test_a_pin_whose_page_left_every_tier_lapses_when_listed():
+    llm = make(host_cache_bytes=10 * PAGE)  # pin cap: 5 pages of host RAM, 6 of the pool
+    llm.pin_prefix({"prompt_token_ids": ids(0, 6 * BS)}, ttl_s=300, tenant="a")
+    flood(llm, [1])  # 5 pinned pages in host RAM, the 6th ordinary (over the cap)
+    assert stat(llm, "host_tier_pages", "host_tier_pinned_entries") == (6, 5)
+    for k in (2, 3):  # 3 pages each: the oldest ordinary page (the pin's 6th) goes first
+        run(llm, ids(k, 3 * BS + 2), tenant="b")
+    assert stat(llm, "host_tier_pinned_evictions", "host_tier_pinned_entries") == (0, 5)
+    assert llm.list_pins("a") == []
+    assert stat(llm, "pins", "pins_evicted", "pin_pages_in_tiers",
+                "host_tier_pinned_entries") == (0, 1, 0, 0)
+
+
 def test_pinned_prefix_is_demoted_to_disk(cold, tmp_path: Path):
     llm = make(disk_cache_dir=str(tmp_path), disk_cache_bytes=1 << 24)
     llm.pin_prefix({"prompt_token_ids": PREFIX}, ttl_s=300, tenant="a")
