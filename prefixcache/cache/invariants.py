@@ -83,7 +83,15 @@ def check_pins_and_owners(mgr: KVCacheManager) -> None:
     the pins, the cap holds, and cached-free pages wait in the queue of their class.
     Owners: usage per tenant equals its non-free pages."""
     pool, index, reg = mgr.pool, mgr.index, mgr.pins
-    counts: Counter[int] = Counter(p for pin in reg.pins.values() for p in set(pin.pages))
+    counts: Counter[int] = Counter(p for pin in reg.pins.values() for p in set(pin.pages)
+                                   if p is not None)
+    for pin in reg.pins.values():
+        for h in pin.demoted():
+            if pin.key not in reg.demotion.waiting.get(h, ()):
+                raise InvariantError("a demoted pin page is not awaited by its hash")
+    awaited = sum(map(len, reg.demotion.waiting.values()))
+    if awaited != sum(len(p.demoted()) for p in reg.pins.values()):
+        raise InvariantError("pins await hashes they do not hold")
     for page in range(pool.num_pages):
         if reg.pin_count[page] != counts[page]:
             raise InvariantError(f"page {page}: pin count {reg.pin_count[page]} != "

@@ -94,7 +94,7 @@ class KVCacheManager:
         self.pins = PinRegistry(self.pool, max_pinned_fraction, clock)
         self.quotas = TenantQuotas(num_pages, tenant_quota_fraction, tenant_quotas)
         self._alloc = Allocator(self.pool, self.index, self.inflight, self.keys,
-                                self.counters, self.drop_cached, enable_prefix_caching,
+                                self.counters, self._evict, enable_prefix_caching,
                                 self._victim)
 
     @property
@@ -162,8 +162,16 @@ class KVCacheManager:
         start = len(pt.pages)
         tokens = self._hits.take(pt)
         if tokens:
+            self.repin(pt.pages[start:])
             self.pins.on_hit(pt.pages[start:])
         return tokens
+
+    def repin(self, pages: list[int]) -> None:
+        """Published pages just hit or loaded from a KV tier: pin again those a demoted
+        pin waits for (:meth:`.pins.PinRegistry.on_reload`)."""
+        if self.pins.demotion.waiting:
+            ph = self.index.page_hash
+            self.pins.on_reload(pages, [ph[p] or b"" for p in pages])
 
     def next_page_owner(self, pt: PageTable, ahead: int = 0) -> str | None:
         """The request computing this table's next needed page (``ahead`` pages past
@@ -256,6 +264,13 @@ class KVCacheManager:
             self.pool.decref(page)
         pt.pages, pt.chain_refs, pt.dup_positions = [], [], []
         del self.tables[pt.request_id]
+
+    def _evict(self, page: int) -> None:
+        """Allocation evicts a cached-free page: with the write-back hook set, its pins
+        are demoted with it rather than lapsing (:mod:`.pin_demotion`)."""
+        if self.pool.pinned[page] and self._alloc.on_evict is not None:
+            self.pins.on_drop(page, evicted=True)
+        self.drop_cached(page)
 
     def drop_cached(self, page: int) -> None:
         """Drop a cached-free page: its hash leaves the index and the page returns to

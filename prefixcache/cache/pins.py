@@ -10,7 +10,12 @@ unpinned cached-free page is gone (:mod:`.cached_queues`). Pins never starve adm
   cannot fit even then (other tenants hold the rest), the pin is refused
   (:class:`PinCapError`) and nothing lapses. One tenant never unpins another's pages.
 - **Still evictable.** Under pressure beyond the unpinned pages, pinned cached-free pages
-  are evicted too (least recently used first); a pin whose page leaves the pool lapses.
+  are evicted too (least recently used first). Without KV tiers, a pin whose page leaves
+  the pool lapses. With them (``demotion.enabled``), an evicted page is *demoted*
+  (:mod:`.pin_demotion`): the pin stays, its position holds no pool page, and the tiers
+  keep the page pinned within their own caps; when the page is loaded back (or hit after
+  a recompute), :meth:`PinRegistry.on_reload` pins it in the pool again with the same
+  expiry (or lapses the pin if the pool's cap is full).
 - **TTL.** A hit on a pin's last page refreshes it (``expires_at = now + ttl``); pinning
   the same prefix again extends it. Expiry is lazy: expired pins are collected when pins
   are listed or created, and before a pinned page would be evicted; an expired pin's
@@ -32,9 +37,10 @@ from dataclasses import dataclass
 from prefixcache.cache.page_keys import PageKeys
 from prefixcache.cache.page_pool import PagePool
 from prefixcache.cache.page_table import PageTable
+from prefixcache.cache.pin_demotion import PinDemotion, PinKey
 from prefixcache.cache.prefix_index import PrefixIndex
 
-PinKey = tuple[Hashable, bytes]  # (tenant, prefix_hash)
+__all__ = ["Pin", "PinCapError", "PinKey", "PinRegistry"]
 
 
 class PinCapError(RuntimeError):
@@ -48,7 +54,10 @@ class Pin:
     Attributes:
         tenant: its owner.
         prefix_hash: the page hash of its last page (names the whole prefix).
-        pages: its pages, in position order (from the chain root).
+        pages: its pool pages, in position order (from the chain root); ``None`` where
+            the page was demoted to a KV tier.
+        hashes: the page hashes, in position order (empty when the pin was made from
+            pages alone: such a pin cannot be demoted and lapses on eviction).
         num_tokens: tokens covered (``len(pages) * block_size``).
         ttl_s: the TTL a hit refreshes it to (seconds).
         expires_at: when it lapses, on the registry's clock (seconds).
@@ -57,21 +66,27 @@ class Pin:
 
     tenant: Hashable
     prefix_hash: bytes
-    pages: tuple[int, ...]
+    pages: tuple[int | None, ...]
     num_tokens: int
     ttl_s: float
     expires_at: float
     seq: int
+    hashes: tuple[bytes, ...] = ()
+
+    def demoted(self) -> list[bytes]:
+        """Hashes of the pages not in the pool (demoted to a KV tier)."""
+        return [h for h, p in zip(self.hashes, self.pages) if p is None]
 
     @property
     def key(self) -> PinKey:
         return (self.tenant, self.prefix_hash)
 
-    def as_dict(self) -> dict:
-        """``prefix_hash`` (hex), ``tokens``, ``tier`` (``"pool"``: pins live in the page
-        pool), ``expires_at`` (the registry's clock, Unix seconds by default), ``ttl_s``."""
+    def as_dict(self, tier: str = "pool") -> dict:
+        """``prefix_hash`` (hex), ``tokens``, ``tier`` (``"pool"``, or the lowest KV tier
+        holding a demoted page, given by the engine), ``expires_at`` (the registry's
+        clock, Unix seconds by default), ``ttl_s``."""
         return {"prefix_hash": self.prefix_hash.hex(), "tokens": self.num_tokens,
-                "tier": "pool", "expires_at": self.expires_at, "ttl_s": self.ttl_s}
+                "tier": tier, "expires_at": self.expires_at, "ttl_s": self.ttl_s}
 
 
 class PinRegistry:
@@ -104,17 +119,20 @@ class PinRegistry:
         self._expiry: list[tuple[float, int, PinKey]] = []
         self._seq = itertools.count()
         self.num_pinned_pages = 0
+        self.demotion = PinDemotion()  # the engine's KV tiers enable it
         self.counters = {"pins_created": 0, "pins_refused": 0, "pins_expired": 0,
                          "pins_evicted": 0, "pins_lapsed_for_cap": 0, "pins_unpinned": 0,
-                         "pin_refreshes": 0}
+                         "pin_refreshes": 0, "pin_pages_demoted": 0,
+                         "pin_pages_reloaded": 0}
 
     def __len__(self) -> int:
         return len(self.pins)
 
     # -- creating and removing ---------------------------------------------------------
     def pin(self, tenant: Hashable, prefix_hash: bytes, pages: Iterable[int],
-            num_tokens: int, ttl_s: float) -> Pin:
-        """Pin published pages (a prefix from the chain root) for ``ttl_s`` seconds.
+            num_tokens: int, ttl_s: float, hashes: Iterable[bytes] = ()) -> Pin:
+        """Pin published pages (a prefix from the chain root) for ``ttl_s`` seconds;
+        ``hashes`` (their page hashes, same order) let the pin survive demotion.
         Pinning a pinned prefix again extends its expiry (never shortens it).
 
         Raises:
@@ -123,9 +141,11 @@ class PinRegistry:
         """
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0 seconds, got {ttl_s}")
-        pages = tuple(pages)
+        pages, hashes = tuple(pages), tuple(hashes)
         if not pages:
             raise ValueError("pages: nothing to pin (the prefix has no full page)")
+        if hashes and len(hashes) != len(pages):
+            raise ValueError(f"hashes: {len(hashes)} for {len(pages)} pages")
         now = self.clock()
         self.expire(now)
         old = self.pins.get((tenant, prefix_hash))
@@ -134,14 +154,12 @@ class PinRegistry:
             self._set_expiry(old, max(old.expires_at, now + ttl_s))
             return old
         self._make_room(tenant, pages)
-        pin = Pin(tenant, prefix_hash, pages, num_tokens, ttl_s, now + ttl_s, next(self._seq))
+        pin = Pin(tenant, prefix_hash, pages, num_tokens, ttl_s, now + ttl_s, next(self._seq),
+                  hashes)
         self.pins[pin.key] = pin
         for page in pages:
-            self._of_page.setdefault(page, set()).add(pin.key)
-            self.pin_count[page] += 1
-            if self.pin_count[page] == 1:
-                self.num_pinned_pages += 1
-                self.pool.set_pinned(page, True)
+            self._hold(page, pin.key)
+        self.demotion.count(hashes, +1)
         heapq.heappush(self._expiry, (pin.expires_at, pin.seq, pin.key))
         self.counters["pins_created"] += 1
         return pin
@@ -158,8 +176,25 @@ class PinRegistry:
         if not pages:
             raise ValueError("pages: the prefix has no published full page to pin")
         n = len(pages)
-        return self.pin(pt.tenant, keys.hashes(pt, n)[n - 1], pages, n * keys.block_size,
-                        ttl_s)
+        hashes = keys.hashes(pt, n)[:n]
+        return self.pin(pt.tenant, hashes[n - 1], pages, n * keys.block_size, ttl_s, hashes)
+
+    def _hold(self, page: int, key: PinKey) -> None:
+        self._of_page.setdefault(page, set()).add(key)
+        self.pin_count[page] += 1
+        if self.pin_count[page] == 1:
+            self.num_pinned_pages += 1
+            self.pool.set_pinned(page, True)
+
+    def _let_go(self, page: int, key: PinKey) -> None:
+        keys = self._of_page[page]
+        keys.discard(key)
+        if not keys:
+            del self._of_page[page]
+        self.pin_count[page] -= 1
+        if self.pin_count[page] == 0:
+            self.num_pinned_pages -= 1
+            self.pool.set_pinned(page, False)
 
     def _make_room(self, tenant: Hashable, pages: tuple[int, ...]) -> None:
         """Lapse the tenant's oldest pins until ``pages`` fit under the cap; refuse
@@ -170,7 +205,7 @@ class PinRegistry:
         own = sorted((p for p in self.pins.values() if p.tenant == tenant),
                      key=lambda p: p.seq)
         others = {page for key, pin in self.pins.items() if key[0] != tenant
-                  for page in pin.pages}
+                  for page in pin.pages if page is not None}
         if len(others) + len(want - others) > self.cap_pages:
             self.counters["pins_refused"] += 1
             raise PinCapError(f"pinning {len(want)} pages would exceed the pin cap of "
@@ -194,15 +229,12 @@ class PinRegistry:
 
     def _remove(self, pin: Pin) -> None:
         del self.pins[pin.key]
-        for page in pin.pages:
-            keys = self._of_page[page]
-            keys.discard(pin.key)
-            if not keys:
-                del self._of_page[page]
-            self.pin_count[page] -= 1
-            if self.pin_count[page] == 0:
-                self.num_pinned_pages -= 1
-                self.pool.set_pinned(page, False)
+        for page, h in zip(pin.pages, pin.hashes or (b"",) * len(pin.pages)):
+            if page is not None:
+                self._let_go(page, pin.key)
+            else:
+                self.demotion.forget(h, pin.key)
+        self.demotion.count(pin.hashes, -1)
         if len(self._expiry) > 2 * len(self.pins) + 16:  # drop the removed pins' entries
             self._expiry = [(p.expires_at, p.seq, p.key) for p in self.pins.values()]
             heapq.heapify(self._expiry)
@@ -247,10 +279,41 @@ class PinRegistry:
                     self._set_expiry(pin, now + pin.ttl_s)
                     self.counters["pin_refreshes"] += 1
 
-    def on_drop(self, page: int) -> None:
-        """A pinned page leaves the pool (eviction, reset): its pins lapse."""
+    def on_drop(self, page: int, evicted: bool = False) -> None:
+        """A pinned page leaves the pool (eviction, reset): its pins lapse, unless it is
+        ``evicted`` with demotion enabled: then each pin holding it (with hashes) keeps the
+        position as demoted and waits for the hash to come back (:meth:`on_reload`)."""
         for pin in sorted((self.pins[k] for k in self._of_page.get(page, ())),
                           key=lambda p: p.seq):
+            if not (evicted and self.demotion.enabled and pin.hashes):
+                self._remove(pin)
+                self.counters["pins_evicted"] += 1
+                continue
+            i = pin.pages.index(page)
+            pin.pages = pin.pages[:i] + (None,) + pin.pages[i + 1:]
+            self._let_go(page, pin.key)
+            self.demotion.await_hash(pin.hashes[i], pin.key)
+            self.counters["pin_pages_demoted"] += 1
+
+    def on_reload(self, pages: Iterable[int], hashes: Iterable[bytes]) -> None:
+        """Published pages (loaded from a KV tier, or hit) whose hashes demoted pins wait
+        for: pin them in the pool again, same expiry. A page that no longer fits under
+        the pool's cap lapses its pins."""
+        for page, h in zip(pages, hashes):
+            for key in sorted(self.demotion.take(h), key=lambda k: self.pins[k].seq):
+                pin = self.pins[key]
+                if not self.pin_count[page] and self.num_pinned_pages >= self.cap_pages:
+                    self._remove(pin)
+                    self.counters["pins_lapsed_for_cap"] += 1
+                    continue
+                i = pin.hashes.index(h)
+                pin.pages = pin.pages[:i] + (page,) + pin.pages[i + 1:]
+                self._hold(page, key)
+                self.counters["pin_pages_reloaded"] += 1
+
+    def drop(self, pin: Pin) -> None:
+        """A demoted page of the pin is gone from every tier too: the pin lapses."""
+        if self.pins.get(pin.key) is pin:
             self._remove(pin)
             self.counters["pins_evicted"] += 1
 
@@ -265,6 +328,8 @@ class PinRegistry:
         return self.pins.get((tenant, prefix_hash))
 
     def stats(self) -> dict[str, int]:
-        """Counters (monotonic) and gauges: ``pins``, ``pages_pinned``, ``pin_cap_pages``."""
+        """Counters (monotonic) and gauges: ``pins``, ``pages_pinned`` (in the pool),
+        ``pin_pages_in_tiers`` (demoted), ``pin_cap_pages``."""
         return self.counters | {"pins": len(self.pins), "pages_pinned": self.num_pinned_pages,
+                                "pin_pages_in_tiers": len(self.demotion.waiting),
                                 "pin_cap_pages": self.cap_pages}

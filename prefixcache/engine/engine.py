@@ -314,8 +314,19 @@ class LLMEngine:
 
     def list_pins(self, tenant: str | None = None) -> list[dict]:
         """The tenant's live pins, oldest first: ``prefix_hash`` (hex), ``tokens``,
-        ``tier``, ``expires_at`` (Unix seconds), ``ttl_s``. Never another tenant's."""
-        return [p.as_dict() for p in self.cache.pins.list(tenant)]
+        ``tier`` (``"pool"``, or ``"host"``/``"disk"``: the lowest KV tier holding a
+        page demoted from the pool), ``expires_at`` (Unix seconds), ``ttl_s``. Never
+        another tenant's. A pin with a demoted page no tier holds any more lapses here."""
+        out = []
+        for pin in self.cache.pins.list(tenant):
+            demoted = pin.demoted()
+            tier = "pool" if not demoted else (
+                None if self.tiers is None else self.tiers.tier_of(demoted))
+            if tier is None:
+                self.cache.pins.drop(pin)
+                continue
+            out.append(pin.as_dict(tier))
+        return out
 
     def unpin(self, prefix_hash: str, tenant: str | None = None) -> bool:
         """Remove the tenant's pin named by ``prefix_hash`` (hex). ``False`` when the

@@ -11,6 +11,11 @@ the pool's own chain hashes (rooted in model fingerprint, tenant and ``cache_sal
 tier can never serve one namespace's pages to another. Loaded pages count in
 ``cached_tokens`` and in the hit counters; nothing stays pinned in a tier after a load.
 
+TTL pins cross the tiers (``cache/pins.py``): with write-back, a pinned page evicted from
+the pool is demoted, not lapsed; the tiers are told which page hashes are pinned, keep
+them evicted last within ``max_pinned_fraction`` of their budgets, and a load puts the
+pages back under their pin in the pool. Unpin and expiry release the tiers' pins too.
+
 ===================  ==============================================================
 region of a prompt   where it comes from
 ===================  ==============================================================
@@ -55,7 +60,8 @@ class KVTiers:
 
     Args:
         config: reads ``host_cache_bytes``, ``disk_cache_dir``, ``disk_cache_bytes``,
-            ``tier_write_policy``, ``tier_load_policy``, ``tier_store_queue``.
+            ``tier_write_policy``, ``tier_load_policy``, ``tier_store_queue``,
+            ``max_pinned_fraction`` (the pin cap of each tier).
         cache: the pool's manager (its evict hook is set here).
         kv: the KV pool whose pages are copied.
         fingerprint: :func:`model_fingerprint`.
@@ -69,10 +75,12 @@ class KVTiers:
         self.fingerprint = blake2b_128(encode_parts("kv-fingerprint", fingerprint))
         self.tiers: list[Tier] = []
         if config.host_cache_bytes:
-            self.tiers.append(HostTier(config.host_cache_bytes))
+            self.tiers.append(HostTier(config.host_cache_bytes, config.max_pinned_fraction))
         if config.disk_cache_dir:
             self.tiers.append(DiskTier(config.disk_cache_dir, config.disk_cache_bytes,
-                                       self.fingerprint))
+                                       self.fingerprint,
+                                       max_pinned_fraction=config.max_pinned_fraction))
+        self.local: list[HostTier | DiskTier] = list(self.tiers)  # type: ignore[arg-type]
         self.queue = StoreQueue(self.tiers, config.tier_store_queue)
         self.estimates = LoadEstimator(config.tier_load_policy)
         self.write_through = config.tier_write_policy == "write_through"
@@ -83,6 +91,27 @@ class KVTiers:
         self.closed = False
         if not self.write_through:
             cache.set_evict_hook(self.write_back)
+            if self.local:  # pins are demoted to the tiers rather than lapsing
+                cache.pins.demotion.enabled = True
+                cache.pins.demotion.hook = self.set_pinned
+
+    def set_pinned(self, hashes: list[bytes], pinned: bool) -> None:
+        """The pins' demotion ``hook``: page hashes that became pinned (or not)."""
+        for tier in self.local:
+            tier.set_pinned(hashes, pinned)
+
+    def tier_of(self, hashes: list[bytes]) -> str | None:
+        """The lowest tier holding any of ``hashes`` (each taken from the fastest tier
+        holding it), or ``None`` when one is in no tier and no store is pending."""
+        worst = -1
+        for h in hashes:
+            i = next((i for i, t in enumerate(self.local) if t.contains(h)), None)
+            if i is None:
+                if not self.queue.pending:
+                    return None
+                i = 0  # its store is queued: it goes to every local tier
+            worst = max(worst, i)
+        return self.local[worst].name if worst >= 0 else None
 
     def add_remote(self, tier: Tier) -> None:
         """Append a shared tier (L4) to the lookup chain. It is not in the write-back
@@ -97,12 +126,18 @@ class KVTiers:
 
     # -- stores ------------------------------------------------------------------------
     def write_back(self, evicted: list[EvictedPage]) -> None:
-        """Copy evicted pages not yet held by every tier out of the pool and queue them."""
+        """Copy evicted pages not yet held by every tier out of the pool and queue them,
+        pinned pages in groups of their own (a disk file is pinned as a whole). Expired
+        pins are collected first, so the tiers are not told to keep them."""
+        pins = self.cache.pins
+        pins.expire()
         todo = [e for e in evicted if not all(t.contains(e.page_hash) for t in self.tiers)]
-        for i in range(0, len(todo), GROUP_PAGES):
-            part = todo[i:i + GROUP_PAGES]
-            self._submit([e.page for e in part], [e.page_hash for e in part],
-                         [_tokens(e.token_bytes) for e in part])
+        for pinned in (True, False):
+            part_all = [e for e in todo if pins.demotion.is_pinned(e.page_hash) == pinned]
+            for i in range(0, len(part_all), GROUP_PAGES):
+                part = part_all[i:i + GROUP_PAGES]
+                self._submit([e.page for e in part], [e.page_hash for e in part],
+                             [_tokens(e.token_bytes) for e in part])
 
     def write_back_cached(self) -> int:
         """Queue every cached-free page of the pool not yet in every tier (at shutdown, so
@@ -176,6 +211,7 @@ class KVTiers:
             self.hit_tokens[tier.name] += n * bs
             at += n
         cache.commit(pt, total * bs)
+        cache.repin(pt.pages[first:first + total])  # demoted pins return to the pool
         pt.num_cached_tokens += total * bs
         return total * bs
 
@@ -263,6 +299,7 @@ class KVTiers:
             return
         self.closed = True
         self.write_back_cached()
+        self.cache.pins.demotion.enabled, self.cache.pins.demotion.hook = False, None
         self.queue.close()
         for t in self.tiers:
             t.close()

@@ -59,8 +59,12 @@ ENGINE_COUNTERS = (
     ("kv_pins_made", "Pins made (created, not refreshed).", "pins_created"),
     ("kv_pins_refused", "Pins refused by the pin cap.", "pins_refused"),
     ("kv_pins_expired", "Pins whose TTL ran out.", "pins_expired"),
-    ("kv_pins_evicted", "Pins that lapsed because a page of theirs was evicted.",
-     "pins_evicted"),
+    ("kv_pins_evicted", "Pins that lapsed because a page of theirs was evicted (from the "
+     "pool without KV tiers, or from every tier).", "pins_evicted"),
+    ("kv_pin_pages_demoted", "Pinned pages evicted from the pool into the KV tiers (their "
+     "pins stay).", "pin_pages_demoted"),
+    ("kv_pin_pages_reloaded", "Demoted pinned pages loaded back and pinned in the pool "
+     "again.", "pin_pages_reloaded"),
     ("engine_steps", "Model steps run.", "steps"),
     ("engine_failed_steps", "Model steps that failed (their requests finished with an "
      "error).", "failed_steps"),
@@ -79,10 +83,16 @@ TIER_COUNTERS = (
     ("failures", "Failed stores and reads of the {tier} KV tier."),
     ("corrupt", "Entries of the {tier} KV tier that failed verification (removed; the "
      "request recomputed)."),
+    ("pinned_evictions", "Pinned entries evicted from the {tier} KV tier (after every "
+     "unpinned one)."),
 )
 TIER_GAUGES = (
     ("pages", "Pages held by the {tier} KV tier."),
     ("bytes_used", "Bytes used by the {tier} KV tier."),
+    ("pinned_entries", "Entries (pages; files on disk) of the {tier} KV tier held for "
+     "pins, under its pin cap."),
+    ("pinned_bytes", "Bytes of the {tier} KV tier held for pins (at most "
+     "max_pinned_fraction of its budget)."),
 )
 TIER_STORE_COUNTERS = (
     ("kv_tier_store_dropped", "KV tier stores dropped because the store queue was full.",
@@ -113,6 +123,8 @@ ENGINE_GAUGES = (
     ("kv_pins", "Live TTL pins (cache_ttl / pin_prefix).", "pins"),
     ("kv_pages_pinned", "Pages held by pins (evicted last).", "pages_pinned"),
     ("kv_pin_cap_pages", "Most pages pins may hold (--max-pinned-fraction).", "pin_cap_pages"),
+    ("kv_pages_pinned_demoted", "Pinned pages now demoted below the pool (host RAM, disk).",
+     "pin_pages_in_tiers"),
 )
 
 

@@ -24,8 +24,8 @@ def containers(mgr: KVCacheManager) -> dict[str, int]:
     """``owner.attribute -> len`` of every sized container the manager holds, also
     inside its parts (pool, index, in-flight registry, hashing, publication, hits)."""
     out = {}
-    for owner, obj in [("mgr", mgr)] + [(k, v) for k, v in vars(mgr).items()
-                                         if hasattr(v, "__dict__")]:
+    parts = [("mgr", mgr)] + [(k, v) for k, v in vars(mgr).items() if hasattr(v, "__dict__")]
+    for owner, obj in parts + [("pins.demotion", mgr.pins.demotion)]:
         for name, v in vars(obj).items():
             if isinstance(v, (list, dict, set, deque, tuple, bytearray, CachedQueues)):
                 out[f"{owner}.{name}"] = len(v)
@@ -40,7 +40,8 @@ def idle_sizes() -> dict[str, int]:
             "inflight._owner": 0, "inflight._owned": 0,
             "pool.owner": POOL, "pool.pinned": POOL, "pool.usage": 0,
             "pins.pins": 0, "pins.pin_count": POOL, "pins._of_page": 0, "pins._expiry": 0,
-            "pins.counters": 7, "quotas.fractions": 0}
+            "pins.counters": 9, "quotas.fractions": 0,
+            "pins.demotion.waiting": 0, "pins.demotion._refs": 0}
 
 
 def prompt(k: int) -> list[int]:

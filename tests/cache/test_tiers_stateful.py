@@ -3,8 +3,10 @@
 Requests of a few namespaces admit (pool hits, then tier loads), compute chunks, finish;
 the store worker is flushed at random; disk files are corrupted at random. After every
 operation: the pool's invariants hold (:func:`check_invariants`: whole pool, ref counts,
-states), every page a request holds carries exactly the KV its own namespace and tokens
-give (so a tier never served a wrong, corrupt or foreign page), and at idle nothing is held.
+states, pins), TTL pins (made, expired, unpinned at random) agree with what each tier
+holds pinned, within its cap, every page a request holds carries exactly the KV its own
+namespace and tokens give (so a tier never served a wrong, corrupt or foreign page), and
+at idle nothing is held.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from prefixcache.cache.invariants import check_invariants
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.page_table import PageTable
+from prefixcache.cache.pins import PinCapError
 from prefixcache.config import EngineConfig
 from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.model.kv_pool import KVPool
@@ -39,7 +42,8 @@ class TierMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="tiers-sm-")
-        self.cache = KVCacheManager(PAGES, BS)
+        self.now = 0.0
+        self.cache = KVCacheManager(PAGES, BS, clock=lambda: self.now)
         self.kv = KVPool(1, PAGES, BS, 1, 1, torch.float32, "cpu")
         page_bytes = 2 * BS * 4
         cfg = EngineConfig(host_cache_bytes=8 * page_bytes, disk_cache_dir=self.dir,
@@ -108,6 +112,44 @@ class TierMachine(RuleBasedStateMachine):
     @rule()
     def flush(self):
         self.tiers.flush()
+
+    @rule(ns=st.integers(0, 2), which=st.integers(0, len(PROMPTS) - 1),
+          k=st.integers(1, 5), ttl=st.sampled_from([5.0, 50.0]))
+    def pin_prefix(self, ns, which, k, ttl):
+        """Prefill a prompt (hits and tier loads first), pin its first ``k`` pages, free."""
+        self.admit(ns, which, False)
+        rid = f"r{self.n - 1}"
+        self._step(rid, 99)
+        pt, _ = self.reqs.pop(rid)
+        try:
+            self.cache.pin(pt, k, ttl)
+        except (ValueError, PinCapError):
+            pass  # nothing published (the pool was full), or over the cap
+        self.cache.free(pt)
+
+    @rule(dt=st.sampled_from([1.0, 3.0]))
+    def tick(self, dt):
+        self.now += dt
+        self.cache.pins.expire()
+
+    @precondition(lambda self: self.cache.pins.pins)
+    @rule(i=st.integers(0, 99))
+    def unpin(self, i):
+        reg = self.cache.pins
+        pin = sorted(reg.pins.values(), key=lambda p: p.seq)[i % len(reg.pins)]
+        assert reg.unpin(pin.tenant, pin.prefix_hash)
+        if not reg.pins:  # nothing pinned: the tiers hold nothing pinned either
+            for tier in self.tiers.local:
+                assert not tier.pins.wanted and not tier.pins.entries and tier.pins.used == 0
+
+    @invariant()
+    def tier_pins_agree_and_stay_under_cap(self):
+        reg = self.cache.pins
+        held = {h for pin in reg.pins.values() for h in pin.hashes}
+        for tier in self.tiers.local:
+            p = tier.pins
+            assert p.wanted == held
+            assert p.used == sum(p.entries.values()) <= p.cap_bytes
 
     @rule(i=st.integers(0, 99), at=st.integers(0, 10_000))
     def corrupt_a_file(self, i, at):

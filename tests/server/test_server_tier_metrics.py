@@ -45,3 +45,15 @@ def test_no_tier_metrics_without_tiers():
     m = scrape(llm.stats())
     assert "kv_pages_total" in m
     assert not [k for k in m if "tier" in k]
+
+
+def test_pin_demotion_metrics_match_stats():
+    llm = LLM("builtin:tiny", num_pages=12, host_cache_bytes=1 << 22,
+              tier_load_policy="always")
+    llm.pin_prefix({"prompt_token_ids": A[:64]}, ttl_s=300)
+    llm.generate([{"prompt_token_ids": B[:1] + [(3 * i) % 250 + 4 for i in range(189)]}], G)
+    llm.engine.tiers.flush()  # type: ignore[union-attr]
+    m = scrape(llm.stats())
+    assert (m["kv_pages_pinned_demoted"], m["kv_pin_pages_demoted_total"]) == (4, 4)
+    assert (m["host_tier_pinned_entries"], m["host_tier_pinned_bytes"]) == (4, 4 * 65536)
+    assert (m["kv_pages_pinned"], m["host_tier_pinned_evictions_total"]) == (0, 0)

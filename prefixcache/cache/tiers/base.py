@@ -22,7 +22,9 @@ class TierStats:
     ``stores``/``loads`` count page groups; ``*_bytes`` count value bytes moved;
     ``failures`` counts failed stores and reads; ``corrupt`` the entries that failed
     verification on read (each also removed); ``evictions`` pages evicted for budget;
-    ``rejected`` groups larger than the whole budget."""
+    ``rejected`` groups larger than the whole budget. ``pinned_entries``/``pinned_bytes``
+    are gauges of the entries held pinned (TTL pins demoted from the pool; under the
+    tier's pin cap)."""
 
     stores: int = 0
     store_bytes: int = 0
@@ -35,8 +37,11 @@ class TierStats:
     corrupt: int = 0
     rejected: int = 0
     skipped: int = 0  # stores of pages already held (no rewrite)
+    pinned_evictions: int = 0  # pinned entries evicted (after every unpinned one)
     pages: int = 0
     bytes_used: int = 0
+    pinned_entries: int = 0  # entries (pages, or files on disk) pinned under the cap
+    pinned_bytes: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -7,8 +7,10 @@ the index is rebuilt from the headers of the files in the directory (leftover te
 of a killed process are removed), so a restart, even after ``kill -9``, hits, and a page
 already on disk is never rewritten. Files under another model fingerprint are left alone and
 never indexed. The byte budget evicts whole files, least recently used first, never one
-holding a page of the group being stored. A read that fails verification is a miss: the file
-is removed and counted.
+holding a page of the group being stored; files holding a pinned page (TTL pins demoted
+from the pool, :mod:`.tier_pins`) go only after every other file, within their byte cap
+(pins live in memory: after a restart no file is pinned). A read that fails verification
+is a miss: the file is removed and counted.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from prefixcache.cache.tiers.format import (
     read_header,
 )
 from prefixcache.cache.tiers.tier_io import TMP_SUFFIX, TierIO
+from prefixcache.cache.tiers.tier_pins import TierPins
 
 SUFFIX = ".kvpg"
 
@@ -41,15 +44,17 @@ class DiskTier:
         capacity_bytes: file byte budget (>= 1).
         fingerprint: the running model's fingerprint; only its files are indexed and read.
         io: the file operations (tests pass a :class:`~.tier_io.FaultyIO`).
+        max_pinned_fraction: share of the budget files holding pinned pages may use.
 
     Raises:
-        ValueError: ``capacity_bytes < 1`` or an empty ``fingerprint``.
+        ValueError: ``capacity_bytes < 1``, an empty ``fingerprint`` or
+            ``max_pinned_fraction`` outside ``[0, 1]``.
         OSError: ``directory`` cannot be created."""
 
     name = "disk"
 
     def __init__(self, directory: str | Path, capacity_bytes: int, fingerprint: bytes,
-                 io: TierIO | None = None):
+                 io: TierIO | None = None, max_pinned_fraction: float = 0.0):
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
         if not fingerprint:
@@ -59,6 +64,7 @@ class DiskTier:
         self.capacity_bytes = capacity_bytes
         self.fingerprint = fingerprint
         self.io = io or TierIO()
+        self.pins = TierPins(capacity_bytes, max_pinned_fraction)  # keyed by file name
         self._lock = threading.Lock()
         self._files: OrderedDict[str, tuple[tuple[bytes, ...], int]] = OrderedDict()
         self._where: dict[bytes, str] = {}
@@ -98,8 +104,11 @@ class DiskTier:
         for h in hashes:
             self._where[h] = name
         self._used += size
+        if self.pins.any_wanted(hashes):
+            self.pins.admit(name, size)
 
-    def _unindex(self, name: str) -> None:
+    def _unindex(self, name: str, evicted: bool = False) -> None:
+        self.pins.release(name, evicted)
         hashes, size = self._files.pop(name)
         for h in hashes:
             if self._where.get(h) == name:
@@ -191,25 +200,41 @@ class DiskTier:
         return True
 
     def _make_room(self, need: int, protect: set[bytes]) -> list[str]:
-        """Unindex least recently used files until ``need`` more bytes fit; files holding
-        a page of ``protect`` stay. Returns the names to delete."""
-        out = []
+        """Unindex least recently used files until ``need`` more bytes fit: unpinned
+        files first, then pinned ones; files holding a page of ``protect`` stay. Returns
+        the names to delete."""
+        out: list[str] = []
         with self._lock:
-            for name in list(self._files):
-                if self._used + need <= self.capacity_bytes:
-                    break
-                hashes, _ = self._files[name]
-                if protect.intersection(hashes):
-                    continue
-                self._unindex(name)
-                self._stats.evictions += len(hashes)
-                out.append(name)
+            for pinned in (False, True):
+                for name in list(self._files):
+                    if self._used + need <= self.capacity_bytes:
+                        return out
+                    hashes, _ = self._files[name]
+                    if (name in self.pins) != pinned or protect.intersection(hashes):
+                        continue
+                    self._unindex(name, evicted=True)
+                    self._stats.evictions += len(hashes)
+                    out.append(name)
         return out
+
+    def set_pinned(self, hashes: Sequence[bytes], pinned: bool) -> None:
+        """Mark page hashes pinned (held now or stored later) or no longer pinned; a file
+        is pinned while any of its pages is."""
+        with self._lock:
+            self.pins.want(hashes, pinned)
+            for name in {self._where[h] for h in hashes if h in self._where}:
+                file_hashes, size = self._files[name]
+                if pinned:
+                    self.pins.admit(name, size)
+                elif not self.pins.any_wanted(file_hashes):
+                    self.pins.release(name)
 
     def stats(self) -> TierStats:
         with self._lock:
             s = TierStats(**self._stats.as_dict())
             s.pages, s.bytes_used = len(self._where), self._used
+            s.pinned_entries, s.pinned_bytes = len(self.pins.entries), self.pins.used
+            s.pinned_evictions = self.pins.evictions
             return s
 
     def close(self) -> None:

@@ -1,5 +1,8 @@
 """L2: page groups in host RAM under a byte budget, least recently used evicted first.
 
+Pinned pages (TTL pins demoted from the pool, :mod:`.tier_pins`) are evicted only after
+every unpinned page, within their byte cap.
+
 DESIGN: "Publish-after-write in every tier": a page becomes visible when :meth:`put` has
 inserted it whole. Pages are held one per entry (a chain may span stores), keyed by the
 pool's page hash; the budget counts payload bytes.
@@ -12,6 +15,7 @@ from collections.abc import Sequence
 
 from prefixcache.cache.tiers.base import TierStats
 from prefixcache.cache.tiers.format import PageGroup
+from prefixcache.cache.tiers.tier_pins import TierPins
 
 
 class HostTier:
@@ -19,16 +23,18 @@ class HostTier:
 
     Args:
         capacity_bytes: payload byte budget (>= 1).
+        max_pinned_fraction: share of the budget pinned pages may hold (``[0, 1]``).
 
     Raises:
-        ValueError: ``capacity_bytes < 1``."""
+        ValueError: ``capacity_bytes < 1`` or ``max_pinned_fraction`` outside ``[0, 1]``."""
 
     name = "host"
 
-    def __init__(self, capacity_bytes: int):
+    def __init__(self, capacity_bytes: int, max_pinned_fraction: float = 0.0):
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
+        self.pins = TierPins(capacity_bytes, max_pinned_fraction)
         self._pages: OrderedDict[bytes, PageGroup] = OrderedDict()
         self._used = 0
         self._lock = threading.Lock()
@@ -77,24 +83,54 @@ class HostTier:
             for h in group.hashes:  # never evicted by their own store
                 if h in self._pages:
                     self._pages.move_to_end(h)
-            while self._used + need > self.capacity_bytes:
-                h0 = next(iter(self._pages))
-                if h0 in group.hashes:
-                    break  # only this group's own pages are left
-                old = self._pages.pop(h0)
-                self._used -= len(old.payload)
-                self._stats.evictions += 1
+            if self._used + need > self.capacity_bytes:
+                self._make_room(need, set(group.hashes))
             for h in new:
                 self._pages[h] = group.select([h])
+                if h in self.pins.wanted:
+                    self.pins.admit(h, group.page_nbytes)
             self._used += need
             self._stats.stores += 1
             self._stats.store_bytes += need
             return True
 
+    def _make_room(self, need: int, protect: set[bytes]) -> None:
+        """Evict least recently used pages until ``need`` more bytes fit: unpinned ones
+        first, then pinned ones; never a page of ``protect`` (the group being stored).
+        O(pages evicted + pages skipped); the pinned pages skipped are capped."""
+        victims: list[bytes] = []
+        room = self.capacity_bytes - self._used - need
+        for pinned in (False, True):
+            for h, page in self._pages.items():  # oldest first; collected, then popped
+                if room >= 0:
+                    break
+                if h not in protect and (h in self.pins) == pinned:
+                    victims.append(h)
+                    room += len(page.payload)
+        for h in victims:
+            self._used -= len(self._pages.pop(h).payload)
+            self.pins.release(h, evicted=True)
+            self._stats.evictions += 1
+
+    def set_pinned(self, hashes: Sequence[bytes], pinned: bool) -> None:
+        """Mark page hashes pinned (held now or stored later) or no longer pinned."""
+        with self._lock:
+            self.pins.want(hashes, pinned)
+            for h in hashes:
+                page = self._pages.get(h)
+                if page is None:
+                    continue
+                if pinned:
+                    self.pins.admit(h, len(page.payload))
+                else:
+                    self.pins.release(h)
+
     def stats(self) -> TierStats:
         with self._lock:
             s = TierStats(**self._stats.as_dict())
             s.pages, s.bytes_used = len(self._pages), self._used
+            s.pinned_entries, s.pinned_bytes = len(self.pins.entries), self.pins.used
+            s.pinned_evictions = self.pins.evictions
             return s
 
     def clear(self) -> int:
@@ -102,6 +138,7 @@ class HostTier:
         with self._lock:
             n = len(self._pages)
             self._pages.clear()
+            self.pins.clear()
             self._used = 0
             return n
 
