@@ -2,9 +2,9 @@
 
 The body is translated to a Chat Completions request (:mod:`.anthropic_wire`), served by
 :class:`~.serving.OpenAIServing` like any chat request, and its answer translated back:
-one JSON message, or the Messages event stream (``message_start``,
-``content_block_delta``..., ``message_delta`` with the stop reason and usage,
-``message_stop``). The body's
+one JSON message, or the Messages event stream (``message_start``, sent with the first
+engine output so that its usage has the prompt's counts, ``content_block_delta``...,
+``message_delta`` with the stop reason and the final usage, ``message_stop``). The body's
 shape is checked first (:mod:`.anthropic_check`). Errors are Anthropic error objects
 (``{"type": "error", "error": {"type", "message"}}``) with the same HTTP status the
 OpenAI routes use; an unexpected exception is a 500 ``api_error``.
@@ -71,8 +71,8 @@ def translate(raw: bytes) -> tuple[ChatCompletionRequest, float | None, dict]:
     except wire.WireError as exc:  # Anthropic errors have no ``param``: name it in the text
         text = str(exc) if str(exc).startswith(exc.param) else f"{exc.param}: {exc}"
         raise APIError(400, text, param=exc.param) from None
-    if chat.get("stream"):
-        chat["stream_options"] = {"include_usage": True}
+    if chat.get("stream"):  # usage in every chunk: message_start reports the prompt's
+        chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     req = parse_body(ChatCompletionRequest, json.dumps(chat).encode())
     assert isinstance(req, ChatCompletionRequest)
     return req, ttl, body
@@ -113,24 +113,39 @@ async def _serve(serving: Any, raw: bytes, principal: Any, request: Request,
 
 async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: float | None
                   ) -> AsyncIterator[str]:
-    """OpenAI chat chunks (SSE text) -> Messages events."""
-    yield sse.stream_start(msg_id, model, wire.anthropic_usage(0, 0, 0))
+    """OpenAI chat chunks (SSE text, with usage in every chunk) -> Messages events.
+
+    ``message_start`` waits for the first chunk: its usage has the prompt's counts
+    (``input_tokens``, ``cache_read_input_tokens``, ``cache_creation_input_tokens``,
+    known once the request is admitted), ``output_tokens`` 0; ``message_delta`` has the
+    final usage. A stream that fails ends with an ``error`` event."""
+    started = False
     finish: str | None = None
     usage = None
-    async for chunk in chunks:
-        text = chunk if isinstance(chunk, str) else bytes(chunk).decode()
-        for line in text.split("\n"):
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            obj = json.loads(line[6:])
-            if "error" in obj:
-                yield sse.stream_error(obj["error"].get("message", "engine error"))
-                return
-            if obj.get("usage") and not obj.get("choices"):
-                usage = usage_of(obj["usage"], ttl_s)
-            for c in obj.get("choices") or []:
-                delta = (c.get("delta") or {}).get("content")
-                if delta:
-                    yield sse.stream_delta(delta)
-                finish = c.get("finish_reason") or finish
+    try:
+        async for chunk in chunks:
+            text = chunk if isinstance(chunk, str) else bytes(chunk).decode()
+            for line in text.split("\n"):
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    yield sse.stream_error(obj["error"].get("message", "engine error"))
+                    return
+                if obj.get("usage"):
+                    usage = usage_of(obj["usage"], ttl_s)
+                if not started and usage is not None:
+                    started = True
+                    yield sse.stream_start(msg_id, model, {**usage, "output_tokens": 0})
+                for c in obj.get("choices") or []:
+                    delta = (c.get("delta") or {}).get("content")
+                    if delta:
+                        yield sse.stream_delta(delta)
+                    finish = c.get("finish_reason") or finish
+    except Exception as exc:  # the stream has begun: answer with an error event
+        log.exception("Messages stream failed")
+        yield sse.stream_error(f"internal server error: {type(exc).__name__}")
+        return
+    if not started:
+        yield sse.stream_start(msg_id, model, usage or wire.anthropic_usage(0, 0, 0))
     yield sse.stream_stop(finish, usage or wire.anthropic_usage(0, 0, 0))

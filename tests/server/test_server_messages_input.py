@@ -1,6 +1,6 @@
 """``POST /v1/messages``: a body of the wrong shape gets 400 ``invalid_request_error``
-in Anthropic's format, naming the field, and the server keeps serving; an unexpected
-error is an Anthropic 500."""
+in Anthropic's format, naming the field, and the server keeps serving; streamed usage
+(``message_start`` has the prompt's counts, ``message_delta`` the output)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,8 @@ import json
 import httpx
 import pytest
 
-from prefixcache.server.messages import serve_messages
+from prefixcache.server.messages import _events, serve_messages
+from tests.server.live import expected_hit, unique_prompt
 
 _USER = [{"role": "user", "content": "hi"}]
 _BLOCK = {"type": "text", "text": "hi"}
@@ -114,6 +115,39 @@ def test_the_server_keeps_serving_after_bad_bodies_and_accepts_the_good_shapes(s
     assert r.status_code == 200, r.text
 
 
+def _stream(server, body: dict) -> tuple[dict, dict]:
+    r = httpx.post(server.base + "/v1/messages", json={**body, "stream": True}, timeout=60)
+    assert r.status_code == 200
+    events = [json.loads(ln[6:]) for ln in r.text.split("\n") if ln.startswith("data: ")]
+    assert events[0]["type"] == "message_start" and events[-2]["type"] == "message_delta"
+    return events[0]["message"]["usage"], events[-2]["usage"]
+
+
+def test_message_start_carries_the_prompt_usage_and_message_delta_the_output(server):
+    system = [{"type": "text", "text": unique_prompt(),
+               "cache_control": {"type": "ephemeral", "ttl": "5m"}}]
+    body = _msg(system=system, max_tokens=3)
+    start1, delta1 = _stream(server, body)
+    start2, delta2 = _stream(server, body)
+    chat = httpx.post(server.base + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "max_tokens": 1, "messages": [
+            {"role": "system", "content": system[0]["text"]}, *_USER]}).json()
+    total = chat["usage"]["prompt_tokens"]
+    hit = expected_hit(total)
+    counts = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+              "output_tokens")
+    assert tuple(start1[k] for k in counts) == (0, 0, total, 0)
+    assert tuple(delta1[k] for k in counts) == (0, 0, total, 3)
+    assert tuple(start2[k] for k in counts) == (0, hit, total - hit, 0)
+    assert tuple(delta2[k] for k in counts) == (0, hit, total - hit, 3)
+    assert start1["cache_creation"] == {"ephemeral_5m_input_tokens": total,
+                                        "ephemeral_1h_input_tokens": 0}
+    start3, delta3 = _stream(server, _msg(system=unique_prompt(), max_tokens=3))
+    assert start3["input_tokens"] == delta3["input_tokens"] > 0
+    assert (start3["cache_read_input_tokens"], start3["cache_creation_input_tokens"],
+            start3["output_tokens"], delta3["output_tokens"]) == (0, 0, 0, 3)
+
+
 class _Broken:
     """A serving whose chat fails unexpectedly."""
 
@@ -126,3 +160,17 @@ def test_an_unexpected_error_is_an_anthropic_500():
     assert resp.status_code == 500
     assert json.loads(bytes(resp.body)) == {"type": "error", "error": {
         "type": "api_error", "message": "internal server error: RuntimeError"}}
+
+
+def test_a_stream_that_breaks_ends_with_an_anthropic_error_event():
+    async def chunks():
+        yield 'data: {"choices": [], "usage": {"prompt_tokens": 5}}\n\n'
+        yield "data: {not json\n\n"
+
+    async def collect():
+        return [e async for e in _events(chunks(), "msg_1", "tiny", None)]
+
+    events = asyncio.run(collect())
+    assert "event: message_start" in events[0] and '"input_tokens":5' in events[0]
+    assert events[-1] == ('event: error\ndata: {"type":"error","error":{"type":"api_error",'
+                          '"message":"internal server error: JSONDecodeError"}}\n\n')
