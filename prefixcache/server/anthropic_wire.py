@@ -13,6 +13,8 @@ Messages                          Chat Completions
 input_schema}]``                  description, parameters}}]``
 ``max_tokens``, ``temperature``,  the same names; ``stop_sequences`` -> ``stop``
 ``top_p``, ``top_k``
+``tool_choice`` auto / none /     ``tool_choice`` auto / none / required /
+any / tool                        ``{type: function, function: {name}}``
 ``stop_reason`` end_turn /        ``finish_reason`` stop / length / tool_calls
 max_tokens / tool_use
 ``usage.input_tokens`` (uncached  ``prompt_tokens`` = input + cache_creation +
@@ -32,6 +34,7 @@ TTL_S = {"5m": 300.0, "1h": 3600.0}
 STOP_TO_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
                   "tool_use": "tool_calls"}
 FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_TOOL_CHOICE = {"auto": "auto", "none": "none", "any": "required"}
 
 
 class WireError(ValueError):
@@ -100,9 +103,17 @@ def messages_to_chat(body: dict) -> dict:
     if body.get("stop_sequences"):
         out["stop"] = body["stop_sequences"]
     if body.get("tools"):
+        if not isinstance(body["tools"], list) or not all(
+                isinstance(t, dict) for t in body["tools"]):
+            raise WireError("tools must be an array of tool objects", "tools")
         out["tools"] = [{"type": "function", "function": {
             "name": t.get("name"), "description": t.get("description", ""),
             "parameters": t.get("input_schema", {})}} for t in body["tools"]]
+    tc = body.get("tool_choice")
+    if isinstance(tc, dict) and tc.get("type") in _TOOL_CHOICE:
+        out["tool_choice"] = _TOOL_CHOICE[tc["type"]]
+    elif isinstance(tc, dict) and tc.get("type") == "tool":
+        out["tool_choice"] = {"type": "function", "function": {"name": tc.get("name")}}
     return out
 
 

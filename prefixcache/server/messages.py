@@ -2,11 +2,12 @@
 
 The body is translated to a Chat Completions request (:mod:`.anthropic_wire`), served by
 :class:`~.serving.OpenAIServing` like any chat request, and its answer translated back:
-one JSON message, or the Messages event stream (``message_start``,
-``content_block_delta``..., ``message_delta`` with the stop reason and usage,
-``message_stop``). Errors are Anthropic error objects
+one JSON message, or the Messages event stream (``message_start``, sent with the first
+engine output so that its usage has the prompt's counts, ``content_block_delta``...,
+``message_delta`` with the stop reason and the final usage, ``message_stop``). The body's
+shape is checked first (:mod:`.anthropic_check`). Errors are Anthropic error objects
 (``{"type": "error", "error": {"type", "message"}}``) with the same HTTP status the
-OpenAI routes use.
+OpenAI routes use; an unexpected exception is a 500 ``api_error``.
 
 ``cache_control`` breakpoints map to the engine's TTL pins: the request's
 ``pin_ttl_s`` is the longest TTL asked for (``"5m"`` 300 s, ``"1h"`` 3600 s). Usage:
@@ -18,17 +19,21 @@ without one as ``input_tokens``.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from prefixcache.server import anthropic_sse as sse
 from prefixcache.server import anthropic_wire as wire
+from prefixcache.server.anthropic_check import check_body
 from prefixcache.server.errors import APIError
 from prefixcache.server.protocol import ChatCompletionRequest, parse_body
+
+log = logging.getLogger(__name__)
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
@@ -52,23 +57,22 @@ def usage_of(openai_usage: dict, ttl_s: float | None) -> dict:
 
 
 def translate(raw: bytes) -> tuple[ChatCompletionRequest, float | None, dict]:
-    """A Messages body -> (chat request, pin TTL seconds, the body). Raises APIError 400."""
+    """A Messages body -> (chat request, pin TTL seconds, the body). Raises APIError 400
+    (the body's shape is checked first: :mod:`.anthropic_check`)."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
-    if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
-        raise APIError(400, "max_tokens is required and must be a positive integer",
-                       param="max_tokens")
     try:
-        ttl = wire.pin_ttl_s(body)
+        ttl = check_body(body)
         chat = wire.messages_to_chat(body)
-    except wire.WireError as exc:
-        raise APIError(400, str(exc), param=exc.param) from None
-    if chat.get("stream"):
-        chat["stream_options"] = {"include_usage": True}
+    except wire.WireError as exc:  # Anthropic errors have no ``param``: name it in the text
+        text = str(exc) if str(exc).startswith(exc.param) else f"{exc.param}: {exc}"
+        raise APIError(400, text, param=exc.param) from None
+    if chat.get("stream"):  # usage in every chunk: message_start reports the prompt's
+        chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     req = parse_body(ChatCompletionRequest, json.dumps(chat).encode())
     assert isinstance(req, ChatCompletionRequest)
     return req, ttl, body
@@ -76,12 +80,23 @@ def translate(raw: bytes) -> tuple[ChatCompletionRequest, float | None, dict]:
 
 async def serve_messages(serving: Any, raw: bytes, principal: Any, request: Request,
                          arrival: float) -> Response:
-    """Serve one Messages request through ``serving`` (an ``OpenAIServing``)."""
+    """Serve one Messages request through ``serving`` (an ``OpenAIServing``); every
+    error, an unexpected one included (500 ``api_error``), is an Anthropic error."""
     try:
-        req, ttl, body = translate(raw)
-        resp = await serving.chat(req, principal, request, arrival, pin_ttl_s=ttl)
+        return await _serve(serving, raw, principal, request, arrival)
     except APIError as exc:
         return error_response(exc)
+    except ClientDisconnect:
+        raise
+    except Exception as exc:
+        log.exception("unhandled error on POST /v1/messages")
+        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+
+
+async def _serve(serving: Any, raw: bytes, principal: Any, request: Request,
+                 arrival: float) -> Response:
+    req, ttl, body = translate(raw)
+    resp = await serving.chat(req, principal, request, arrival, pin_ttl_s=ttl)
     model = str(body.get("model") or "")
     msg_id = f"msg_{uuid.uuid4().hex}"
     if isinstance(resp, StreamingResponse):
@@ -98,24 +113,39 @@ async def serve_messages(serving: Any, raw: bytes, principal: Any, request: Requ
 
 async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: float | None
                   ) -> AsyncIterator[str]:
-    """OpenAI chat chunks (SSE text) -> Messages events."""
-    yield sse.stream_start(msg_id, model, wire.anthropic_usage(0, 0, 0))
+    """OpenAI chat chunks (SSE text, with usage in every chunk) -> Messages events.
+
+    ``message_start`` waits for the first chunk: its usage has the prompt's counts
+    (``input_tokens``, ``cache_read_input_tokens``, ``cache_creation_input_tokens``,
+    known once the request is admitted), ``output_tokens`` 0; ``message_delta`` has the
+    final usage. A stream that fails ends with an ``error`` event."""
+    started = False
     finish: str | None = None
     usage = None
-    async for chunk in chunks:
-        text = chunk if isinstance(chunk, str) else bytes(chunk).decode()
-        for line in text.split("\n"):
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            obj = json.loads(line[6:])
-            if "error" in obj:
-                yield sse.stream_error(obj["error"].get("message", "engine error"))
-                return
-            if obj.get("usage") and not obj.get("choices"):
-                usage = usage_of(obj["usage"], ttl_s)
-            for c in obj.get("choices") or []:
-                delta = (c.get("delta") or {}).get("content")
-                if delta:
-                    yield sse.stream_delta(delta)
-                finish = c.get("finish_reason") or finish
+    try:
+        async for chunk in chunks:
+            text = chunk if isinstance(chunk, str) else bytes(chunk).decode()
+            for line in text.split("\n"):
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    yield sse.stream_error(obj["error"].get("message", "engine error"))
+                    return
+                if obj.get("usage"):
+                    usage = usage_of(obj["usage"], ttl_s)
+                if not started and usage is not None:
+                    started = True
+                    yield sse.stream_start(msg_id, model, {**usage, "output_tokens": 0})
+                for c in obj.get("choices") or []:
+                    delta = (c.get("delta") or {}).get("content")
+                    if delta:
+                        yield sse.stream_delta(delta)
+                    finish = c.get("finish_reason") or finish
+    except Exception as exc:  # the stream has begun: answer with an error event
+        log.exception("Messages stream failed")
+        yield sse.stream_error(f"internal server error: {type(exc).__name__}")
+        return
+    if not started:
+        yield sse.stream_start(msg_id, model, usage or wire.anthropic_usage(0, 0, 0))
     yield sse.stream_stop(finish, usage or wire.anthropic_usage(0, 0, 0))
