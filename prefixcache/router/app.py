@@ -48,7 +48,8 @@ class RouterSettings:
     """What the router needs.
 
     Attributes:
-        model_names: names accepted as ``model`` (the first is reported).
+        model_names: names accepted as ``model`` and listed by ``/v1/models`` (the first
+            is reported; repeats are dropped, first occurrence kept).
         tokenizer: the replicas' tokenizer (chat template included).
         keys: the replicas' page hashing (:class:`PromptKeys`).
         auth: the replicas' API keys (default: single tenant).
@@ -64,6 +65,9 @@ class RouterSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     health_interval_s: float = 1.0
     health_timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.model_names = list(dict.fromkeys(self.model_names))
 
 
 @dataclass

@@ -22,6 +22,7 @@ from prefixcache.router.policy import (
     DEFAULT_DECODE_WEIGHT,
     MODES,
 )
+from prefixcache.router.specs import ReplicaSpec
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES
 
 
@@ -31,10 +32,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Route OpenAI requests (/v1/completions, /v1/chat/completions) to the "
                     "replica with the lowest cost: pages it would prefill plus its queued "
                     "work, from an index fed by the replicas' KV events.")
-    p.add_argument("--replica", action="append", required=True, metavar="URL[,events=EP]",
+    p.add_argument("--replica", action="append", required=True, type=replica_arg,
+                   metavar="URL[,events=EP[,replay=EP]]",
                    help="a replica's base URL, optionally with its KV event endpoints: "
-                        "URL,events=tcp://HOST:PORT[,replay=tcp://HOST:PORT]; repeat per "
-                        "replica")
+                        "URL,events=tcp://HOST:PORT[,replay=tcp://HOST:PORT] (or ipc://PATH); "
+                        "repeat per replica")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     p.add_argument("--model", default=DEFAULT_MODEL,
@@ -71,6 +73,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def replica_arg(text: str) -> str:
+    """``--replica``'s type: the spec checked at parse time (a bad one is an argparse
+    error naming ``--replica``), kept as text for :func:`build_router_app`."""
+    try:
+        ReplicaSpec.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--replica: ")) from None
+    return text
+
+
 def build_router_app(args: argparse.Namespace):
     """The app for ``args``. Raises ValueError / OSError on bad arguments."""
     from prefixcache.config import resolve_dtype
@@ -80,7 +92,7 @@ def build_router_app(args: argparse.Namespace):
     from prefixcache.router.index import PageIndex
     from prefixcache.router.policy import Policy
     from prefixcache.router.prompt_keys import PromptKeys
-    from prefixcache.router.replicas import ReplicaSet, ReplicaSpec
+    from prefixcache.router.replicas import ReplicaSet
     from prefixcache.server.auth import Authenticator
     from prefixcache.server.cli import check_port, served_name
 

@@ -5,9 +5,15 @@ same key file, so they derive the same tenant). A replica that cannot be reached
 marked unhealthy (its index entries dropped); one that answers 429 or 503 sheds new
 traffic for its ``Retry-After`` (1 s by default); either way the request is tried on
 the next best replica, and when none is left the caller gets 503. Any other answer is
-passed through unchanged: status, body, and the SSE stream chunk by chunk, with
-``usage.cached_tokens`` exactly as the replica reported it. The response carries
-``x-prefixcache-replica: <number>``.
+passed through unchanged: status, body, and the SSE stream event by event (a chunk is
+held until its event is complete), with ``usage.cached_tokens`` exactly as the replica
+reported it. The response carries ``x-prefixcache-replica: <number>``.
+
+A replica that fails once its answer has begun (it died mid-stream: the connection
+breaks) is marked unhealthy and counted in ``router_upstream_errors_total``; a stream
+then ends cleanly with an OpenAI error event, ``data: {"error": {..., "code":
+"upstream_error"}}`` and ``data: [DONE]`` (the partial event before the break is
+dropped), a JSON answer becomes 502 with that error object.
 
 Load accounting (:class:`~.replicas.Routed`): the request's prefill counts as queued on
 its replica until the first byte of the answer, and it counts as running until the
@@ -16,6 +22,7 @@ aborts it).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -25,7 +32,7 @@ from starlette.responses import Response, StreamingResponse
 
 from prefixcache.router.metrics import RouterMetrics
 from prefixcache.router.replicas import ReplicaSet, Routed
-from prefixcache.server.errors import SERVER_ERROR, APIError
+from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,12 @@ def _retry_after(resp: httpx.Response) -> float:
         return max(0.1, float(resp.headers.get("retry-after", DEFAULT_SHED_S)))
     except ValueError:
         return DEFAULT_SHED_S
+
+
+def sse_event(data: dict | str) -> bytes:
+    """One SSE ``data:`` event (a dict as compact JSON)."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
 
 
 class Proxy:
@@ -115,6 +128,9 @@ class Proxy:
         if not media.startswith("text/event-stream"):
             try:
                 body = await resp.aread()
+            except httpx.HTTPError as exc:
+                return Response(json.dumps(self._broken(routed, exc)), status_code=502,
+                                media_type="application/json", headers=headers)
             finally:
                 await resp.aclose()
                 self.replicas.release(routed)
@@ -136,13 +152,34 @@ class Proxy:
                       ) -> AsyncIterator[bytes]:
         pending = b""
         try:
-            async for chunk in resp.aiter_raw():
-                self.replicas.prefilled(routed)
-                pending = self._scan(replica, pending + chunk)
-                yield chunk
+            try:
+                async for chunk in resp.aiter_raw():
+                    self.replicas.prefilled(routed)
+                    data = pending + chunk
+                    pending = self._scan(replica, data)
+                    if len(data) > len(pending):
+                        yield data[:len(data) - len(pending)]
+            except httpx.HTTPError as exc:
+                yield sse_event(self._broken(routed, exc)) + sse_event("[DONE]")
+                return
+            if pending:
+                yield pending
         finally:
-            await resp.aclose()
+            with contextlib.suppress(httpx.HTTPError):
+                await resp.aclose()
             self.replicas.release(routed)
+
+    def _broken(self, routed: Routed, exc: Exception) -> dict:
+        """The replica failed after its answer began: mark it down, count it, and the
+        error object the client gets."""
+        i = routed.decision.replica
+        log.warning("replica %d (%s) failed mid-answer: %s: %s", i, self.replicas.specs[i].url,
+                    type(exc).__name__, exc)
+        self.metrics.upstream_errors.labels(str(i)).inc()
+        self.replicas.set_health(i, False)
+        return error_body(f"replica {i} failed while answering ({type(exc).__name__}); "
+                          "the answer is incomplete, retry the request",
+                          type=SERVER_ERROR, code="upstream_error")
 
     def _scan(self, replica: str, data: bytes) -> bytes:
         """Count the usage of complete SSE events in ``data``; returns the incomplete

@@ -22,36 +22,9 @@ from dataclasses import dataclass, field
 from prefixcache.router.event_stream import EventSubscriber
 from prefixcache.router.index import PageIndex
 from prefixcache.router.policy import Decision, Policy, ReplicaLoad
+from prefixcache.router.specs import ReplicaSpec
 
-
-@dataclass
-class ReplicaSpec:
-    """A replica's base URL and (optionally) its KV event endpoints."""
-
-    url: str
-    events: str | None = None
-    replay: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> ReplicaSpec:
-        """``URL[,events=ENDPOINT[,replay=ENDPOINT]]``.
-
-        Raises:
-            ValueError: not that form (the message names ``--replica``).
-        """
-        url, *opts = [p.strip() for p in text.split(",")]
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--replica: {text!r} does not start with http:// or https://")
-        spec = cls(url.rstrip("/"))
-        for opt in opts:
-            key, sep, value = opt.partition("=")
-            if not sep or key not in ("events", "replay") or not value:
-                raise ValueError(f"--replica: unknown option {opt!r} in {text!r}; use "
-                                 "URL,events=tcp://HOST:PORT[,replay=tcp://HOST:PORT]")
-            setattr(spec, key, value)
-        if spec.replay and not spec.events:
-            raise ValueError(f"--replica: {text!r} has replay= without events=")
-        return spec
+__all__ = ["ReplicaSet", "ReplicaSpec", "Routed"]
 
 
 @dataclass

@@ -144,3 +144,42 @@ def test_chat_turns_follow_their_conversation(router):
                      {"role": "user", "content": "and then? " * 4}]
     assert len({replica for replica, _ in seen}) == 1  # affinity over turns
     assert seen[0][1] == 0 and all(c > 0 for _, c in seen[1:])
+
+
+def _direct_and_routed(router, replica, path: str, body: dict):
+    """The same request sent to a replica itself and through the router."""
+    return [httpx.post(base + path, headers=ALICE, json=body, timeout=60)
+            for base in (replica.base, router.base)]
+
+
+def test_models_are_listed_once_and_the_404_names_each_once(router, replicas):
+    r = httpx.get(router.base + "/v1/models", headers=ALICE, timeout=10)
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == ["builtin:tiny"]
+    direct, routed = _direct_and_routed(router, replicas[0], "/v1/completions",
+                                        {"model": "nope", "prompt": "x", "max_tokens": 1})
+    assert routed.status_code == direct.status_code == 404
+    assert routed.json() == direct.json()
+    assert routed.json()["error"] == {
+        "message": "The model `nope` does not exist. Served: builtin:tiny",
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+
+
+def test_bad_max_tokens_get_the_replicas_own_400(router, replicas):
+    chat = {"model": "builtin:tiny", "messages": [{"role": "user", "content": "hi"}]}
+    cases = [("/v1/chat/completions", {**chat, "max_tokens": -1}, "max_tokens"),
+             ("/v1/chat/completions", {**chat, "max_tokens": 0}, "max_tokens"),
+             ("/v1/chat/completions", {**chat, "max_completion_tokens": -1},
+              "max_completion_tokens"),
+             ("/v1/chat/completions", {**chat, "max_completion_tokens": 0},
+              "max_completion_tokens"),
+             ("/v1/completions", {"model": "builtin:tiny", "prompt": "x", "max_tokens": -1},
+              "max_tokens")]
+    for path, body, param in cases:
+        direct, routed = _direct_and_routed(router, replicas[0], path, body)
+        assert routed.status_code == direct.status_code == 400, (body, routed.text)
+        assert routed.json() == direct.json(), body
+        assert routed.json()["error"]["param"] == param
+        assert routed.json()["error"]["type"] == "invalid_request_error"
+        if body.get(param) == 0:  # chat: at least 1 (0 prefills only on completions)
+            assert routed.json()["error"]["message"].startswith(f"{param} must be at least 1")
