@@ -97,11 +97,13 @@ class RequestPreparer:
         rename = {"logprobs": "top_logprobs", "prompt": "messages"}
         if req.max_completion_tokens is not None:
             rename["max_tokens"] = "max_completion_tokens"
-        params = self._sampling_params(req, rename=rename)
-        if params.max_tokens == 0:
+        asked = (req.max_completion_tokens if req.max_completion_tokens is not None
+                 else req.max_tokens)
+        if isinstance(asked, int) and asked < 1:  # before the generic ">= 0" check
             name = rename.get("max_tokens", "max_tokens")
-            raise bad_request(f"{name} must be at least 1 here; max_tokens 0 (prefill "
-                              "only) is a /v1/completions feature", name)
+            raise bad_request(f"{name} must be at least 1 here, got {asked}; max_tokens 0 "
+                              "(prefill only) is a /v1/completions feature", name)
+        params = self._sampling_params(req, rename=rename)
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer, so no chat template", "messages")
         messages = message_dicts(req)
