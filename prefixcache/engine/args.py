@@ -6,12 +6,16 @@
 the field's metadata. ``--seed`` is always the engine seed. Booleans that default to
 ``False`` are switches (``--deterministic``); ``enable_prefix_caching`` is switched off
 by ``--no-prefix-caching``. ``kv_cache_bytes``, ``host_cache_bytes`` and ``disk_cache_bytes``
-are given in GiB (``--kv-cache-gib``, ``--host-cache-gib``, ``--disk-cache-gib``).
+are given in GiB (``--kv-cache-gib``, ``--host-cache-gib``, ``--disk-cache-gib``): each must
+be a finite number >= 0 (nan, inf and negatives are an argparse error naming the flag), and
+``--host-cache-gib`` at most the machine's physical RAM.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,11 +23,44 @@ from prefixcache.config import EngineConfig, dtype_name
 
 GIB = 1 << 30
 
+
+
+def gib_arg(text: str) -> float:
+    """argparse type: a size in GiB, a finite number >= 0 (argparse names the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of GiB, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of GiB, got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def physical_ram_bytes() -> int | None:
+    """The machine's physical RAM in bytes (``None`` where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def host_gib_arg(text: str) -> float:
+    """argparse type of ``--host-cache-gib``: :func:`gib_arg`, at most the physical RAM."""
+    value = gib_arg(text)
+    ram = physical_ram_bytes()
+    if ram is not None and ram > 0 and value * GIB > ram:
+        raise argparse.ArgumentTypeError(
+            f"{text} GiB is more than this machine's physical RAM ({ram / GIB:.2f} GiB)")
+    return value
+
+
 # Fields whose flag differs from the field: flag (its dest is the flag's name), argparse
 # type, field value per flag unit, unit.
-_FLAG_OVERRIDES = {"kv_cache_bytes": ("--kv-cache-gib", float, GIB, "GiB"),
-                   "host_cache_bytes": ("--host-cache-gib", float, GIB, "GiB"),
-                   "disk_cache_bytes": ("--disk-cache-gib", float, GIB, "GiB")}
+_FLAG_OVERRIDES = {"kv_cache_bytes": ("--kv-cache-gib", gib_arg, GIB, "GiB"),
+                   "host_cache_bytes": ("--host-cache-gib", host_gib_arg, GIB, "GiB"),
+                   "disk_cache_bytes": ("--disk-cache-gib", gib_arg, GIB, "GiB")}
 _NEGATED = {"enable_prefix_caching": "--no-prefix-caching"}
 _TYPES = {"int": int, "float": float, "str": str}
 

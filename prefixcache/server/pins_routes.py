@@ -4,7 +4,8 @@ A pin is made by a completion with the ``cache_ttl`` extension (``max_tokens: 0`
 pre-stores a prefix without generating); see ``prefixcache/cache/pins.py``. The tenant
 comes from the API key (``server/auth.py``), never from the request, and a tenant only
 ever sees or removes its own pins: another tenant's hash answers 404 exactly like an
-unknown one, so nothing reveals that it exists.
+unknown one, so nothing reveals that it exists. ``DELETE /v1/cache/pins`` or
+``/v1/cache/pins/`` (no hash) is a 400 naming ``prefix_hash``, not a redirect.
 """
 from __future__ import annotations
 
@@ -50,5 +51,15 @@ async def delete_pin(request: Request) -> JSONResponse:
                          "deleted": True})
 
 
+async def delete_without_hash(request: Request) -> JSONResponse:
+    """``DELETE /v1/cache/pins[/]``: 400, the path names no pin (without this route the
+    router would answer a redirect or 405)."""
+    _principal(request)  # an unauthenticated caller still gets 401 first
+    raise bad_request("prefix_hash is required: DELETE /v1/cache/pins/{prefix_hash}",
+                      "prefix_hash")
+
+
 ROUTES = (("GET", "/v1/cache/pins", list_pins),
+          ("DELETE", "/v1/cache/pins", delete_without_hash),
+          ("DELETE", "/v1/cache/pins/", delete_without_hash),
           ("DELETE", "/v1/cache/pins/{prefix_hash}", delete_pin))

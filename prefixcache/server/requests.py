@@ -188,6 +188,7 @@ class RequestPreparer:
 
 
 _TTL_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+MIN_CACHE_TTL_S = 1.0
 MAX_CACHE_TTL_S = 7 * 24 * 3600.0
 
 
@@ -212,7 +213,8 @@ def request_pin_ttl(req: CompletionRequest | ChatCompletionRequest) -> float | N
 def pin_ttl(value: float | str | None) -> float | None:
     """The ``cache_ttl`` extension in seconds: a number of seconds, or a string such as
     ``"30s"``, ``"5m"``, ``"1h"`` (Anthropic's ``ttl`` shape). Raises APIError (400,
-    ``cache_ttl``) unless it is positive, finite and at most a week."""
+    ``cache_ttl``) unless it is finite, at least :data:`MIN_CACHE_TTL_S` (1 s) and at most
+    :data:`MAX_CACHE_TTL_S` (a week)."""
     if value is None:
         return None
     seconds: float | None = None
@@ -222,10 +224,10 @@ def pin_ttl(value: float | str | None) -> float | None:
             seconds = float(num) * _TTL_UNITS[unit]
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
-    if seconds is None or not (0 < seconds <= MAX_CACHE_TTL_S):
-        raise bad_request(f"cache_ttl must be a positive number of seconds or a duration "
-                          f"such as '30s', '5m', '1h', at most {MAX_CACHE_TTL_S:.0f} s; got "
-                          f"{value!r}", "cache_ttl")
+    if seconds is None or not (MIN_CACHE_TTL_S <= seconds <= MAX_CACHE_TTL_S):
+        raise bad_request(f"cache_ttl must be a number of seconds or a duration such as "
+                          f"'30s', '5m', '1h', from {MIN_CACHE_TTL_S:.0f} s to "
+                          f"{MAX_CACHE_TTL_S:.0f} s; got {value!r}", "cache_ttl")
     return seconds
 
 

@@ -275,3 +275,20 @@ def test_one_prefix_loads_from_host_and_disk_together(cold, tmp_path):
                     s["disk_tier_hit_tokens"] - before["disk_tier_hit_tokens"]))
     assert got == [(0, 0, 0), (0, 0, 0), (144, 112, 0), (144, 112, 0), (144, 96, 16)]
     assert llm.stats()["host_tier_bytes_used"] <= 8 * page
+
+
+def test_stray_directory_fifo_and_symlink_in_the_disk_dir_do_not_stop_start(cold, tmp_path):
+    d = tmp_path / "kv"
+    llm = tiered(disk_cache_dir=str(d))
+    run(llm, A)
+    run(llm, B)
+    llm.close()  # writes the pool down
+    (d / "dir.kvpg").mkdir()
+    os.mkfifo(d / "fifo.kvpg")
+    (d / "link.kvpg").symlink_to(tmp_path / "missing")
+    (d / "bad.kvpg").write_bytes(b"junk")
+    again = tiered(disk_cache_dir=str(d))  # neither raises nor blocks on the FIFO
+    same(out := run(again, A), cold["A"])
+    assert out.num_cached_tokens == 144  # the real files still hit
+    assert again.stats()["disk_tier_corrupt"] == 1 and not (d / "bad.kvpg").exists()
+    assert all(os.path.lexists(d / n) for n in ("dir.kvpg", "fifo.kvpg", "link.kvpg"))

@@ -104,3 +104,41 @@ def test_pin_and_tenant_gauges(tenant_server):
     assert labelled(m, "tenant_kv_pages", tenant="bob") > 0
     assert labelled(m, "tenant_kv_pages", tenant="ops") == 0
     assert not any(k.startswith("tenant_kv_quota_pages") and "alice" in k for k in m)
+
+
+def test_delete_without_a_hash_is_a_400_naming_it(tenant_server):
+    srv = tenant_server
+    for path in ("/cache/pins/", "/cache/pins"):
+        r = httpx.delete(srv.v1 + path, headers=_auth("sk-alice"), timeout=30)
+        assert r.status_code == 400, (path, r.status_code)  # not a 307 redirect, not 405
+        err = r.json()["error"]
+        assert (err["type"], err["param"], err["code"]) == (
+            "invalid_request_error", "prefix_hash", None)
+        assert "prefix_hash is required" in err["message"]
+        assert httpx.delete(srv.v1 + path, timeout=30).status_code == 401
+    assert _pins(srv, "sk-alice") is not None  # still serving
+
+
+def test_cache_ttl_below_one_second_is_a_400_and_pins_nothing(tenant_server):
+    srv = tenant_server
+    alice = _client(srv, "sk-alice")
+    before = _pins(srv, "sk-alice")
+    prompt = unique_prompt(30)
+    for ttl in (1e-9, 0.5, "0.5s"):
+        try:
+            alice.completions.create(model="tiny", prompt=prompt, max_tokens=0,
+                                     extra_body={"cache_ttl": ttl})
+        except openai.BadRequestError as exc:
+            assert exc.status_code == 400
+            err = exc.body
+            assert (err["param"], err["type"]) == ("cache_ttl", "invalid_request_error")
+            assert "from 1 s to 604800 s" in err["message"]
+        else:
+            raise AssertionError(f"cache_ttl {ttl!r} was accepted")
+    assert _pins(srv, "sk-alice") == before  # no pin was made
+    bob = _client(srv, "sk-bob")
+    r = bob.completions.create(model="tiny", prompt=prompt, max_tokens=0,
+                               extra_body={"cache_ttl": 1})  # the least TTL: pinned
+    pin = r.model_extra["pins"][0]
+    assert (pin["pinned"], pin["ttl_s"]) == (True, 1.0)
+    srv.wait_idle()

@@ -12,17 +12,19 @@ from prefixcache.server.requests import pin_ttl
 
 @pytest.mark.parametrize("value,seconds", [
     (None, None), (30, 30.0), (2.5, 2.5), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0),
-    ("1.5h", 5400.0), (7 * 24 * 3600, 604800.0)])
+    ("1.5h", 5400.0), (7 * 24 * 3600, 604800.0), (1, 1.0), ("1s", 1.0), ("0.5m", 30.0)])
 def test_cache_ttl_values(value, seconds):
     assert pin_ttl(value) == seconds
 
 
 @pytest.mark.parametrize("value", [0, -1, "0s", "5 m", "5d", "m", "", True,
-                                   float("inf"), float("nan"), 7 * 24 * 3600 + 1])
+                                   float("inf"), float("nan"), 7 * 24 * 3600 + 1,
+                                   1e-9, 0.5, 0.999, "0.5s", "1e-9s", "0.01m"])
 def test_bad_cache_ttl_is_a_400_naming_it(value):
     with pytest.raises(APIError) as e:
         pin_ttl(value)
     assert (e.value.status, e.value.param) == (400, "cache_ttl")
+    assert "from 1 s to 604800 s" in e.value.message
 
 
 def test_key_file_quotas():

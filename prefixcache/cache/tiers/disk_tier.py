@@ -6,15 +6,23 @@ checksum verify". A store writes ``<name>.kvpg.tmp``, fsyncs and renames it (see
 the index is rebuilt from the headers of the files in the directory (leftover temporary files
 of a killed process are removed), so a restart, even after ``kill -9``, hits, and a page
 already on disk is never rewritten. Files under another model fingerprint are left alone and
-never indexed. The byte budget evicts whole files, least recently used first, never one
-holding a page of the group being stored; files holding a pinned page (TTL pins demoted
-from the pool, :mod:`.tier_pins`) go only after every other file, within their byte cap
-(pins live in memory: after a restart no file is pinned). A read that fails verification
+never indexed; so is anything that is not a regular file (a directory, FIFO, socket or
+device, and any symlink, which is not followed: none of them is ours, so none is opened or
+removed; a warning names how many were skipped). A budget above the free space of the
+directory's filesystem is allowed, with one warning. The byte budget evicts whole files,
+least recently used first, never one holding a page of the group being stored; files
+holding a pinned page (TTL pins demoted from the pool, :mod:`.tier_pins`) go only after
+every other file, within their byte cap (pins live in memory: after a restart no file is
+pinned). A read that fails verification
 is a miss: the file is removed and counted.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
+import shutil
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -30,10 +38,12 @@ from prefixcache.cache.tiers.format import (
     header_length,
     read_header,
 )
-from prefixcache.cache.tiers.tier_io import TMP_SUFFIX, TierIO
+from prefixcache.cache.tiers.tier_io import TMP_SUFFIX, NotRegularFile, TierIO
 from prefixcache.cache.tiers.tier_pins import TierPins
 
 SUFFIX = ".kvpg"
+
+log = logging.getLogger(__name__)
 
 
 class DiskTier:
@@ -70,20 +80,43 @@ class DiskTier:
         self._where: dict[bytes, str] = {}
         self._used = 0
         self._stats = TierStats()
+        self.skipped_entries = 0  # names of ours at start that are not regular files
         self.rebuilt_files = self._rebuild()
+        self._warn_if_over_free_space()
+
+    def _warn_if_over_free_space(self) -> None:
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            return
+        if self.capacity_bytes > self._used + free:
+            log.warning("disk tier budget %.2f GiB is more than the free space of %s "
+                        "(%.2f GiB free); stores will fail when it fills",
+                        self.capacity_bytes / (1 << 30), self.directory, free / (1 << 30))
 
     def _rebuild(self) -> int:
         found = []
         for path in self.directory.iterdir():
+            ours = path.name.endswith(TMP_SUFFIX) or path.name.endswith(SUFFIX)
+            if not ours:
+                continue
+            try:
+                st = os.lstat(path)  # never follows a symlink
+            except OSError:
+                continue  # gone meanwhile
+            if not stat.S_ISREG(st.st_mode):
+                self.skipped_entries += 1  # not ours: neither opened nor removed
+                continue
             if path.name.endswith(TMP_SUFFIX):
                 self.io.remove(path)  # an unfinished store of a killed process
-                continue
-            if not path.name.endswith(SUFFIX):
                 continue
             try:
                 head = self.io.read(path, PREFIX_BYTES)
                 h = read_header(self.io.read(path, header_length(head)))
-                size = path.stat().st_size
+                size = st.st_size
+            except NotRegularFile:
+                self.skipped_entries += 1  # replaced since the lstat
+                continue
             except (OSError, CorruptEntry):
                 self.io.remove(path)
                 self._stats.corrupt += 1
@@ -94,7 +127,10 @@ class DiskTier:
                 self.io.remove(path)
                 self._stats.corrupt += 1
                 continue
-            found.append((path.stat().st_mtime_ns, path.name, h.hashes, size))
+            found.append((st.st_mtime_ns, path.name, h.hashes, size))
+        if self.skipped_entries:
+            log.warning("disk tier %s: skipped %d entries that are not regular files",
+                        self.directory, self.skipped_entries)
         for _, name, hashes, size in sorted(found):  # oldest first: the LRU order
             self._index(name, hashes, size)
         return len(found)

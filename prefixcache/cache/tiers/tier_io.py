@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 from pathlib import Path
 
 TMP_SUFFIX = ".tmp"
+
+
+class NotRegularFile(OSError):
+    """A tier path is a directory, FIFO, socket, device or symlink: not a file of ours."""
 
 
 class TierIO:
@@ -42,12 +47,38 @@ class TierIO:
     def read(self, path: Path, size: int = -1) -> bytes:
         """The first ``size`` bytes of ``path`` (all with ``-1``).
 
+        Never follows a symlink and never blocks on a FIFO: it is opened with
+        ``O_NOFOLLOW | O_NONBLOCK`` and read only if it is a regular file.
+
         Raises:
+            NotRegularFile: ``path`` is not a regular file.
             OSError: the file is missing or unreadable."""
-        with open(path, "rb") as f:
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise NotRegularFile(exc.errno, f"not a regular file: {path}") from None
+            raise
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not regular:
+            os.close(fd)
+            raise NotRegularFile(errno.EINVAL, f"not a regular file: {path}")
+        with open(fd, "rb") as f:  # closes fd
             return f.read(size)
 
     def remove(self, path: Path) -> None:
+        """Delete ``path`` if it is a regular file; anything else (a directory, FIFO,
+        symlink, ...) is not ours and stays."""
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                return
+        except FileNotFoundError:
+            return
         path.unlink(missing_ok=True)
 
     @staticmethod
