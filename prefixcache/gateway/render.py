@@ -65,6 +65,8 @@ def error_json(client: str, status: int, message: str, code: str | None,
     if client == "messages":
         kind = {400: "invalid_request_error", 401: "authentication_error",
                 404: "not_found_error", 429: "rate_limit_error"}.get(status, "api_error")
+        if param and param not in message:  # Anthropic errors have no param field
+            message = f"{param}: {message}"
         return wire.error_body(message, kind)
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
