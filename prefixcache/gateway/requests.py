@@ -26,7 +26,7 @@ def canonical(client: str, body: Any) -> tuple[str, dict]:
     if not isinstance(body, dict):
         raise BadRequest(400, "the request body must be a JSON object", None)
     if (body.get("n") or 1) != 1:
-        raise BadRequest(400, "the gateway serves n=1 only", "n")
+        raise BadRequest(400, "n: must be 1 (the gateway serves one answer a request)", "n")
     if client == "messages":
         try:
             return "chat", wire.messages_to_chat(body)

@@ -99,8 +99,8 @@ class Gateway:
         kind, req = canonical(client, body)
         upstream = self.route(req.get("model"))
         if body.get("max_tokens") == 0 and upstream.provider != "prefixcache":
-            raise BadRequest(400, "max_tokens: must be an integer >= 1 (0, a prefill, is "
-                             "for prefixcache upstreams only)", "max_tokens")
+            raise BadRequest(400, "max_tokens: must be an integer >= 1 (0, a prefill, for "
+                             "prefixcache upstreams only), not 0", "max_tokens")
         stream = bool(body.get("stream"))
         policy = self.policy(tenant)
         if is_sampled(req) and not policy.cache_sampled:

@@ -66,12 +66,12 @@ def _number(body: dict, name: str, low: float, high: float) -> None:
         raise _bad(name, f"must be a number in [{low:g}, {high:g}], not {v!r}")
 
 
-def _integer(body: dict, name: str, low: int) -> None:
+def _integer(body: dict, name: str, low: int, what: str = "") -> None:
     v = body.get(name)
     if v is None:
         return
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise _bad(name, f"must be an integer >= {low}, not {v!r}")
+        raise _bad(name, f"must be an integer >= {what or low}, not {v!r}")
 
 
 def _typed(body: dict, name: str, types: tuple[type, ...], what: str) -> None:
@@ -96,14 +96,15 @@ def check_fields(client: str, body: dict, *, min_max_tokens: int = 1) -> None:
     messages = client == "messages"
     for name, (low, high) in (MESSAGES_RANGES if messages else OPENAI_RANGES).items():
         _number(body, name, low, high)
-    _integer(body, "max_tokens", min_max_tokens)
+    _integer(body, "max_tokens", min_max_tokens,
+             "1 (0, a prefill, for prefixcache upstreams only)" if min_max_tokens == 0 else "")
     _integer(body, "n", 1)
     _typed(body, "stream", (bool,), "true or false")
     _typed(body, "model", (str,), "a string")
     _typed(body, "metadata", (dict,), "an object")
     if messages:
         if not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise BadRequest(400, "messages must be a non-empty array", "messages")
+            raise _bad("messages", "must be a non-empty array")
         _integer(body, "top_k", 0)
         _strings(body, "stop_sequences", one_allowed=False)
         _tools(body, "name")
@@ -139,7 +140,7 @@ def _tools(body: dict, key: str) -> None:
 
 def _chat_messages(msgs: Any) -> None:
     if not isinstance(msgs, list) or not msgs:
-        raise BadRequest(400, "messages must be a non-empty array", "messages")
+        raise _bad("messages", "must be a non-empty array")
     for i, m in enumerate(msgs):
         at = f"messages[{i}]"
         if not isinstance(m, dict):

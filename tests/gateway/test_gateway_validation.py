@@ -11,7 +11,7 @@ import pytest
 
 from prefixcache.gateway.completion import UpstreamError
 from prefixcache.gateway.validate import MAX_DEPTH
-from tests.gateway.conftest import A, make_gateway, run
+from tests.gateway.conftest import A, make_gateway, run, sse_data
 
 M = "gpt-4.1"
 CLAUDE = "claude-sonnet-4-5"
@@ -51,11 +51,11 @@ def _assert_400(client: str, r: httpx.Response, param: str) -> None:
     if client == "messages":
         assert body["type"] == "error" and set(body) == {"type", "error"}
         assert body["error"]["type"] == "invalid_request_error"
-        assert param in body["error"]["message"]
+        assert body["error"]["message"].startswith(f"{param}: ")
     else:
         assert body["error"]["type"] == "invalid_request_error"
         assert body["error"]["param"] == param
-        assert param in body["error"]["message"]
+        assert body["error"]["message"].startswith(f"{param}: ")
 
 
 BAD = [  # (field overrides or a raw-text edit, the parameter named)
@@ -208,3 +208,34 @@ def test_a_bug_answers_a_json_500_in_the_client_format_and_the_next_request_is_s
     assert "a bug" not in bad.text  # the traceback is in the log, not the answer
     assert "RuntimeError: a bug" in caplog.text
     assert good.status_code == 200
+
+
+@pytest.mark.parametrize("client", ["chat", "messages"])
+def test_a_bug_mid_stream_ends_it_with_an_error_event_and_the_gateway_keeps_serving(
+        emulators, client, caplog):
+    _, url = emulators("openai")
+    gw = make_gateway([("oa", url, "openai", (M, CLAUDE))])
+
+    async def broken_set(*a, **kw):
+        raise RuntimeError("a store bug")
+
+    gw.store.set = broken_set  # type: ignore[method-assign]
+    path, base = BASE[client]
+
+    async def go(c):
+        return [await c.post(path, json={**base, "temperature": 0, "stream": True},
+                             headers=A),
+                await c.post("/v1/chat/completions", json=BASE["chat"][1], headers=A)]
+
+    with caplog.at_level("ERROR", logger="prefixcache.gateway.render"):
+        s, good = run(go, gw)
+    assert s.status_code == 200 and "a store bug" not in s.text
+    if client == "messages":
+        assert "event: error" in s.text and '"type":"api_error"' in s.text.replace(" ", "")
+    else:
+        events = sse_data(s.text)
+        assert events[-1]["error"]["code"] == "internal_error"
+        assert events[-1]["error"]["type"] == "server_error"
+        assert s.text.rstrip().endswith("data: [DONE]")
+    assert "RuntimeError: a store bug" in caplog.text
+    assert good.status_code == 200 and len(gw.flights) == 0
