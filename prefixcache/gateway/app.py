@@ -11,7 +11,7 @@ Each answer says which layer served it: header ``x-prefixcache-cache`` (``exact`
 """
 from __future__ import annotations
 
-import json
+import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,11 +25,13 @@ from prefixcache.gateway.completion import UpstreamError
 from prefixcache.gateway.render import error_json, render_json, render_stream
 from prefixcache.gateway.requests import BadRequest
 from prefixcache.gateway.service import Gateway, Outcome, replay
+from prefixcache.gateway.validate import parse
 from prefixcache.server.auth import Authenticator, Principal
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, read_body
 from prefixcache.server.errors import APIError
 
 LAYER_HEADER = "x-prefixcache-cache"
+log = logging.getLogger(__name__)
 
 
 def create_app(gateway: Gateway, auth: Authenticator | None = None,
@@ -70,25 +72,33 @@ def _error(client: str, status: int, message: str, code: str | None,
 
 def _endpoint(client: str):
     async def route(request: Request) -> Response:
-        gateway: Gateway = request.app.state.gateway
         try:
-            principal = _principal(request)
-            raw = await read_body(request, request.app.state.max_body_bytes)
-        except APIError as exc:
-            return _error(client, exc.status, exc.message, exc.code, exc.param, exc.headers)
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return _error(client, 400, f"the request body is not valid JSON: {exc}", None)
-        try:
-            outcome = await gateway.handle(principal.tenant, client, body)
-        except BadRequest as exc:
-            return _error(client, exc.status, exc.message, exc.code, exc.param)
-        except UpstreamError as exc:
-            return _error(client, exc.status, exc.message, exc.code)
-        return _respond(client, outcome, str(body.get("model")), bool(body.get("stream")))
+            return await _serve(client, request)
+        except Exception:  # a bug: a JSON 500 in the client's format, never plain text
+            log.exception("the gateway failed on %s %s", request.method, request.url.path)
+            return _error(client, 500, "the gateway failed on this request (see its log)",
+                          "internal_error")
 
     return route
+
+
+async def _serve(client: str, request: Request) -> Response:
+    """One request, from authentication to the answer (BadRequest / UpstreamError:
+    an error in the client's format)."""
+    gateway: Gateway = request.app.state.gateway
+    try:
+        principal = _principal(request)
+        raw = await read_body(request, request.app.state.max_body_bytes)
+    except APIError as exc:
+        return _error(client, exc.status, exc.message, exc.code, exc.param, exc.headers)
+    try:
+        body = parse(raw)
+        outcome = await gateway.handle(principal.tenant, client, body)
+    except BadRequest as exc:
+        return _error(client, exc.status, exc.message, exc.code, exc.param)
+    except UpstreamError as exc:
+        return _error(client, exc.status, exc.message, exc.code)
+    return _respond(client, outcome, str(body.get("model")), bool(body.get("stream")))
 
 
 def _respond(client: str, outcome: Outcome, model: str, stream: bool) -> Response:

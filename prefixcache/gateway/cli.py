@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from pathlib import Path
 
 from prefixcache.gateway.upstreams import parse_upstream
@@ -38,19 +39,53 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "store_finish_reasons}}, '*' for the default")
     p.add_argument("--cache-store", default="memory", metavar="STORE",
                    help="'memory' (an in-process LRU) or redis://host:port/db")
-    p.add_argument("--cache-entries", type=int, default=10_000, metavar="N",
-                   help="entries of the in-process LRU")
-    p.add_argument("--semantic-threshold", type=float, default=None, metavar="COSINE",
+    p.add_argument("--cache-entries", type=_int_at_least(1), default=10_000, metavar="N",
+                   help="entries of the in-process LRU (>= 1)")
+    p.add_argument("--semantic-threshold", type=_cosine, default=None, metavar="COSINE",
                    help="layer 2's cosine threshold in (0, 1] (default: the semantic "
                         "cache's own, strict)")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   metavar="BYTES", help="largest request body, bytes (413 beyond)")
+    p.add_argument("--max-body-bytes", type=_int_at_least(1024),
+                   default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES",
+                   help="largest request body, bytes (>= 1024; 413 beyond)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
-    p.add_argument("--port", type=int, default=8100, help="TCP port to listen on")
+    p.add_argument("--port", type=_port, default=8100,
+                   help="TCP port to listen on (1-65535)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="log threshold")
     return p
+
+
+def _cosine(text: str) -> float:
+    """``--semantic-threshold``: a finite float in (0, 1]."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < v <= 1:  # False for NaN too
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {text}")
+    return v
+
+
+def _int_at_least(low: int):
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, not {v}")
+        return v
+
+    return parse
+
+
+def _port(text: str) -> int:
+    v = _int_at_least(1)(text)
+    if v > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), not {v}")
+    return v
 
 
 def load_policies(path: str | None):
@@ -71,8 +106,10 @@ def load_policies(path: str | None):
             raise ValueError(f"--tenant-policy {tenant!r}: fields must be among "
                              f"{sorted(POLICY_FIELDS)}")
         ttl = entry.get("cache_ttl_s", 3600.0)
-        if not isinstance(ttl, (int, float)) or not ttl > 0:
-            raise ValueError(f"--tenant-policy {tenant!r}: cache_ttl_s must be > 0")
+        if (isinstance(ttl, bool) or not isinstance(ttl, (int, float))
+                or not (math.isfinite(ttl) and ttl > 0)):
+            raise ValueError(f"--tenant-policy {tenant!r}: cache_ttl_s must be > 0 and "
+                             "finite")
         out[tenant] = TenantPolicy(
             cache_ttl_s=float(ttl), cache_sampled=bool(entry.get("cache_sampled", False)),
             semantic=bool(entry.get("semantic", False)),

@@ -11,6 +11,7 @@ Anthropic ones for ``messages``.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +20,8 @@ from prefixcache.gateway.accounting import NormalUsage
 from prefixcache.gateway.completion import Completion, UpstreamError
 from prefixcache.server import anthropic_sse as sse
 from prefixcache.server import anthropic_wire as wire
+
+log = logging.getLogger(__name__)
 
 
 def usage_for(client: str, u: NormalUsage, layer: str) -> dict:
@@ -65,6 +68,8 @@ def error_json(client: str, status: int, message: str, code: str | None,
     if client == "messages":
         kind = {400: "invalid_request_error", 401: "authentication_error",
                 404: "not_found_error", 429: "rate_limit_error"}.get(status, "api_error")
+        if param and param not in message:  # Anthropic errors have no param field
+            message = f"{param}: {message}"
         return wire.error_body(message, kind)
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
@@ -78,7 +83,8 @@ async def render_stream(client: str, items: AsyncIterator[str | Completion], mod
                         usage_of: dict) -> AsyncIterator[str]:
     """SSE text for ``items`` (text deltas, then the final Completion). ``usage_of`` is
     filled by the caller's pipeline: ``{"usage": NormalUsage, "layer": str}`` once the
-    Completion is known. An UpstreamError ends the stream with an error event."""
+    Completion is known. An UpstreamError, or any other exception (a bug, logged), ends
+    the stream with an error event."""
     rid, created = _ids(client), int(time.time())
     obj = "chat.completion.chunk" if client == "chat" else "text_completion"
     head = {"id": rid, "object": obj, "created": created, "model": model}
@@ -114,7 +120,11 @@ async def render_stream(client: str, items: AsyncIterator[str | Completion], mod
             yield _sse({**head, "choices": [], "usage": usage})
             yield "data: [DONE]\n\n"
             return
-    except UpstreamError as exc:
+    except Exception as exc:  # an UpstreamError, or a bug (logged): an error event
+        if not isinstance(exc, UpstreamError):
+            log.exception("the gateway failed while streaming")
+            exc = UpstreamError(500, "the gateway failed on this request (see its log)",
+                                "internal_error")
         if client == "messages":
             yield sse.stream_error(exc.message)
         else:

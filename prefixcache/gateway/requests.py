@@ -2,7 +2,8 @@
 
 A Messages body is translated to Chat Completions (:mod:`prefixcache.server.
 anthropic_wire`); a chat body needs a non-empty ``messages`` array, a completions body
-one prompt (a string or one token-id array); ``n`` must be 1. Errors are
+one prompt (a string or one token-id array); ``n`` must be 1, in every format (the
+fields' types and ranges are :mod:`.validate`'s, checked before). Errors are
 :class:`BadRequest`, naming the field.
 """
 from __future__ import annotations
@@ -24,6 +25,8 @@ def canonical(client: str, body: Any) -> tuple[str, dict]:
     """``(kind, chat-or-completions body)``. Raises BadRequest."""
     if not isinstance(body, dict):
         raise BadRequest(400, "the request body must be a JSON object", None)
+    if (body.get("n") or 1) != 1:
+        raise BadRequest(400, "n: must be 1 (the gateway serves one answer a request)", "n")
     if client == "messages":
         try:
             return "chat", wire.messages_to_chat(body)
@@ -38,6 +41,4 @@ def canonical(client: str, body: Any) -> tuple[str, dict]:
                 isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
             raise BadRequest(400, "prompt must be one string or one array of token ids "
                              "(the gateway serves one prompt per request)", "prompt")
-    if (body.get("n") or 1) != 1:
-        raise BadRequest(400, "the gateway serves n=1 only", "n")
     return client, body

@@ -3,6 +3,7 @@
 =========  =================================================================
 step       what happens
 =========  =================================================================
+check      field types and ranges (:mod:`.validate`; 400 naming the field)
 translate  a Messages body becomes a Chat Completions body (one canonical form)
 route      the upstream serving ``model`` (404 ``model_not_found`` if none)
 bypass     sampled requests (temperature > 0, or unset, or n > 1) skip layers 1
@@ -42,6 +43,7 @@ from prefixcache.gateway.shaping import (
     tenant_salt,
 )
 from prefixcache.gateway.upstreams import Upstream
+from prefixcache.gateway.validate import check_fields
 from prefixcache.server import anthropic_wire as wire
 
 log = logging.getLogger(__name__)
@@ -91,8 +93,14 @@ class Gateway:
 
     async def handle(self, tenant: str | None, client: str, body: Any) -> Outcome:
         """Serve one request. Raises BadRequest, or UpstreamError before any answer."""
+        if not isinstance(body, dict):
+            raise BadRequest(400, "the request body must be a JSON object", None)
+        check_fields(client, body, min_max_tokens=0 if client == "completions" else 1)
         kind, req = canonical(client, body)
         upstream = self.route(req.get("model"))
+        if body.get("max_tokens") == 0 and upstream.provider != "prefixcache":
+            raise BadRequest(400, "max_tokens: must be an integer >= 1 (0, a prefill, for "
+                             "prefixcache upstreams only), not 0", "max_tokens")
         stream = bool(body.get("stream"))
         policy = self.policy(tenant)
         if is_sampled(req) and not policy.cache_sampled:

@@ -24,6 +24,7 @@ Completion when streaming). Failures raise :class:`~.completion.UpstreamError`.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -74,8 +75,8 @@ def parse_upstream(text: str) -> UpstreamSpec:
                 kw["timeout_s"] = float(v)
             except ValueError:
                 raise ValueError(f"--upstream {name}: timeout-s must be a number") from None
-            if not kw["timeout_s"] > 0:
-                raise ValueError(f"--upstream {name}: timeout-s must be > 0")
+            if not (math.isfinite(kw["timeout_s"]) and kw["timeout_s"] > 0):
+                raise ValueError(f"--upstream {name}: timeout-s must be > 0 and finite")
     return UpstreamSpec(name, url.rstrip("/"), **kw)
 
 

@@ -97,8 +97,53 @@ def test_build_app_serves_and_checks_its_flags(tmp_path):
         big = c.post("/v1/chat/completions", content=b"x" * 3_000_000)
         assert big.status_code == 413
     bad = argv + ["--max-body-bytes", "100"]
-    with pytest.raises(ValueError, match="--max-body-bytes"):
-        build_app(build_parser(bad).parse_args(bad))
+    with pytest.raises(SystemExit):  # argparse refuses it (test_numeric_flags_...)
+        build_parser(bad).parse_args(bad)
     twice = argv + ["--upstream", "x=http://h"]
     with pytest.raises(ValueError, match="unique"):
         build_app(build_parser(twice).parse_args(twice))
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--semantic-threshold", "2", "must be in (0, 1], not 2"),
+    ("--semantic-threshold", "0", "must be in (0, 1], not 0"),
+    ("--semantic-threshold", "-0.5", "must be in (0, 1]"),
+    ("--semantic-threshold", "nan", "must be in (0, 1], not nan"),
+    ("--semantic-threshold", "inf", "must be in (0, 1], not inf"),
+    ("--semantic-threshold", "high", "not a number: 'high'"),
+    ("--cache-entries", "0", "must be >= 1, not 0"),
+    ("--cache-entries", "-5", "must be >= 1, not -5"),
+    ("--cache-entries", "inf", "not an integer: 'inf'"),
+    ("--max-body-bytes", "100", "must be >= 1024, not 100"),
+    ("--max-body-bytes", "nan", "not an integer: 'nan'"),
+    ("--port", "0", "must be >= 1, not 0"),
+    ("--port", "70000", "must be a TCP port (1-65535), not 70000"),
+])
+def test_numeric_flags_out_of_range_are_argparse_errors_naming_the_flag(
+        capsys, flag, value, says):
+    with pytest.raises(SystemExit) as exc:
+        main(["gateway", "--upstream", "x=http://h", flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"prefixcache gateway: error: argument {flag}: {says}" in err
+
+
+def test_semantic_threshold_in_range_is_accepted():
+    from prefixcache.cli import build_parser
+
+    argv = ["gateway", "--upstream", "x=http://h", "--semantic-threshold", "1"]
+    assert build_parser(argv).parse_args(argv).semantic_threshold == 1.0
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1"])
+def test_upstream_timeout_must_be_positive_and_finite(value):
+    with pytest.raises(ValueError, match="timeout-s must be > 0 and finite"):
+        parse_upstream(f"x=http://h,timeout-s={value}")
+
+
+@pytest.mark.parametrize("ttl", ["Infinity", "NaN", "true", "0"])
+def test_tenant_policy_ttl_must_be_positive_and_finite(tmp_path, ttl):
+    p = tmp_path / "policy.json"
+    p.write_text('{"bob": {"cache_ttl_s": ' + ttl + '}}')
+    with pytest.raises(ValueError, match="'bob': cache_ttl_s must be > 0 and finite"):
+        load_policies(str(p))
