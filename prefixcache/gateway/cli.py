@@ -13,13 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 from pathlib import Path
 
 from prefixcache.gateway.upstreams import parse_upstream
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES
-
-POLICY_FIELDS = {"cache_ttl_s", "cache_sampled", "semantic", "store_finish_reasons"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -89,32 +86,20 @@ def _port(text: str) -> int:
 
 
 def load_policies(path: str | None):
-    """Read ``--tenant-policy``. Raises ValueError naming the tenant and field."""
-    from prefixcache.gateway.policy import TenantPolicy
+    """Read ``--tenant-policy`` strictly (:mod:`prefixcache.gateway.policy`). Raises
+    ValueError ``"--tenant-policy: TENANT.FIELD: problem"``."""
+    from prefixcache.gateway.policy import parse_policies
 
     if path is None:
         return {}
     try:
         data = json.loads(Path(path).read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--tenant-policy {path}: not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError("--tenant-policy must hold a JSON object {tenant: {...}}")
-    out = {}
-    for tenant, entry in data.items():
-        if not isinstance(entry, dict) or set(entry) - POLICY_FIELDS:
-            raise ValueError(f"--tenant-policy {tenant!r}: fields must be among "
-                             f"{sorted(POLICY_FIELDS)}")
-        ttl = entry.get("cache_ttl_s", 3600.0)
-        if (isinstance(ttl, bool) or not isinstance(ttl, (int, float))
-                or not (math.isfinite(ttl) and ttl > 0)):
-            raise ValueError(f"--tenant-policy {tenant!r}: cache_ttl_s must be > 0 and "
-                             "finite")
-        out[tenant] = TenantPolicy(
-            cache_ttl_s=float(ttl), cache_sampled=bool(entry.get("cache_sampled", False)),
-            semantic=bool(entry.get("semantic", False)),
-            store_finish_reasons=tuple(entry.get("store_finish_reasons", ("stop", "length"))))
-    return out
+        raise ValueError(f"--tenant-policy: {path}: not JSON: {exc}") from None
+    try:
+        return parse_policies(data)
+    except ValueError as exc:
+        raise ValueError(f"--tenant-policy: {exc}") from None
 
 
 def build_app(args: argparse.Namespace):

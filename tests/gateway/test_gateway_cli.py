@@ -33,10 +33,10 @@ def test_tenant_policies_are_checked(tmp_path):
     pol = load_policies(str(p))
     assert pol["alice"].cache_ttl_s == 60.0 and pol["alice"].cache_sampled
     p.write_text(json.dumps({"bob": {"ttl": 5}}))
-    with pytest.raises(ValueError, match="'bob': fields must be among"):
+    with pytest.raises(ValueError, match=r"^--tenant-policy: bob\.ttl: unknown field"):
         load_policies(str(p))
     p.write_text(json.dumps({"bob": {"cache_ttl_s": -1}}))
-    with pytest.raises(ValueError, match="cache_ttl_s must be > 0"):
+    with pytest.raises(ValueError, match=r"bob\.cache_ttl_s: must be a finite number > 0"):
         load_policies(str(p))
 
 
@@ -145,5 +145,45 @@ def test_upstream_timeout_must_be_positive_and_finite(value):
 def test_tenant_policy_ttl_must_be_positive_and_finite(tmp_path, ttl):
     p = tmp_path / "policy.json"
     p.write_text('{"bob": {"cache_ttl_s": ' + ttl + '}}')
-    with pytest.raises(ValueError, match="'bob': cache_ttl_s must be > 0 and finite"):
+    with pytest.raises(ValueError, match=r"bob\.cache_ttl_s: must be a finite number > 0$"):
         load_policies(str(p))
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"semantic": "false"}, "carol.semantic: must be true or false"),
+    ({"semantic": 0}, "carol.semantic: must be true or false"),
+    ({"cache_sampled": "no"}, "carol.cache_sampled: must be true or false"),
+    ({"cache_sampled": None}, "carol.cache_sampled: must be true or false"),
+    ({"store_finish_reasons": "stop"}, "carol.store_finish_reasons: must be a list drawn "
+                                       "from stop, length, tool_calls, content_filter"),
+    ({"store_finish_reasons": [1, None]}, "carol.store_finish_reasons: must be a list"),
+    ({"store_finish_reasons": ["stop", "error"]}, "carol.store_finish_reasons: must be"),
+    ({"cache_ttl_s": "60"}, "carol.cache_ttl_s: must be a finite number > 0"),
+    ({"Semantic": True}, "carol.Semantic: unknown field"),
+])
+def test_tenant_policy_values_are_strictly_typed(tmp_path, capsys, entry, says):
+    p = tmp_path / "policy.json"
+    p.write_text(json.dumps({"alice": {}, "carol": entry}))
+    with pytest.raises(ValueError) as exc:
+        load_policies(str(p))
+    assert str(exc.value).startswith(f"--tenant-policy: {says}")
+    assert main(["gateway", "--upstream", "x=http://h", "--tenant-policy", str(p)]) == 2
+    assert f"prefixcache gateway: error: --tenant-policy: {says}" in capsys.readouterr().err
+
+
+def test_tenant_policy_whole_file_shape_and_defaults(tmp_path):
+    from prefixcache.gateway.policy import TenantPolicy
+
+    p = tmp_path / "policy.json"
+    p.write_text(json.dumps({
+        "carol": {"semantic": False, "cache_sampled": True, "cache_ttl_s": 1.5,
+                  "store_finish_reasons": ["stop", "tool_calls", "content_filter"]},
+        "*": {}}))
+    pol = load_policies(str(p))
+    assert pol == {"carol": TenantPolicy(1.5, True, False,
+                                         ("stop", "tool_calls", "content_filter")),
+                   "*": TenantPolicy(3600.0, False, False, ("stop", "length"))}
+    for bad, says in (([], "must hold a JSON object"), ({"dave": []}, "dave: must be an")):
+        p.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=f"^--tenant-policy: {says}"):
+            load_policies(str(p))
