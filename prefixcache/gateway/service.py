@@ -105,7 +105,7 @@ class Gateway:
         policy = self.policy(tenant)
         if is_sampled(req) and not policy.cache_sampled:
             return await self._forward(tenant, kind, req, upstream, stream, "bypass", None)
-        key = exact_key(tenant, kind, req)
+        key = exact_key(tenant, kind, req, upstream.provider)
         while True:
             hit = await self._lookup(tenant, kind, req, key, policy)
             if hit is not None:

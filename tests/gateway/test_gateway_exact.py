@@ -147,3 +147,66 @@ def test_finish_reasons_outside_the_policy_are_not_stored(emulators):
     gw = _gw(url, policies={"alice": TenantPolicy(store_finish_reasons=("length",))})
     assert run(go, gw) == ["miss", "miss"]
     assert emu.calls == 2 and len(gw.store) == 0
+
+
+def test_equal_numbers_and_one_text_part_share_the_layer_1_entry(emulators):
+    emu, url = emulators("openai")
+    part = [{"type": "text", "text": "hi"}]
+    bodies = [chat(M, "hi"), chat(M, "hi", temperature=0.0), chat(M, part),
+              chat(M, "hi", top_p=1), chat(M, "hi", top_p=1.0), chat(M, "hi", top_p=0.5),
+              chat(M, part + part), chat(M, [{**part[0], "cache_control": {"type": "x"}}])]
+
+    async def go(c):
+        return [await c.post("/v1/chat/completions", json=b, headers=A) for b in bodies]
+
+    rs = run(go, _gw(url))
+    assert [r.status_code for r in rs] == [200] * 8
+    assert [r.headers["x-prefixcache-cache"] for r in rs] == [
+        "miss", "exact", "exact", "miss", "exact", "miss", "miss", "miss"]
+    assert [r.json()["usage"]["cache_layer"] for r in rs[:3]] == ["miss", "exact", "exact"]
+    assert emu.calls == 5
+    assert emu.bodies[0]["messages"][0]["content"] == "hi"  # forwarded as sent
+
+
+def test_messages_client_one_text_block_hits_the_string_form(emulators):
+    emu, url = emulators("anthropic")
+    model = "claude-sonnet-4-5"
+    gw = make_gateway([("cl", url, "anthropic", (model,))])
+    base = {"model": model, "max_tokens": 16, "temperature": 0}
+
+    async def go(c):
+        out = [await c.post("/v1/messages", json={
+            **base, "messages": [{"role": "user", "content": "hi"}]}, headers=A)]
+        out.append(await c.post("/v1/messages", json={
+            **base, "temperature": 0.0,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+            headers=A))
+        out.append(await c.post("/v1/chat/completions", json=chat(
+            model, [{"type": "text", "text": "hi"}]), headers=A))
+        return out
+
+    rs = run(go, gw)
+    assert [r.status_code for r in rs] == [200, 200, 200]
+    assert [r.headers["x-prefixcache-cache"] for r in rs] == ["miss", "exact", "exact"]
+    assert emu.calls == 1
+
+
+def test_key_canonicalisation_keeps_bools_and_template_rendered_parts_distinct():
+    from prefixcache.gateway.exact import exact_key
+
+    text = {"model": M, "messages": [{"role": "user", "content": "hi"}]}
+    part = {"model": M, "messages": [{"role": "user",
+                                      "content": [{"type": "text", "text": "hi"}]}]}
+    assert exact_key("t", "chat", {**text, "seed": 1}) == exact_key(
+        "t", "chat", {**text, "seed": 1.0})
+    assert exact_key("t", "chat", {**text, "seed": 1}) != exact_key(
+        "t", "chat", {**text, "seed": True})
+    assert exact_key("t", "chat", {**text, "logprobs": False}) != exact_key(
+        "t", "chat", {**text, "logprobs": 0})
+    for provider in ("openai", "anthropic"):
+        assert exact_key("t", "chat", text, provider) == exact_key("t", "chat", part,
+                                                                   provider)
+    # our engine and vLLM give the parts to the chat template: not the same request
+    for provider in ("prefixcache", "vllm", "deepseek", None):
+        assert exact_key("t", "chat", text, provider) != exact_key("t", "chat", part,
+                                                                   provider)
