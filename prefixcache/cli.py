@@ -77,6 +77,10 @@ class CLIParser(argparse.ArgumentParser):
         ns, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(self.unknown_message(extras))
+        check = getattr(ns, "_check_args", None)  # checks across flags (engine/args.py)
+        problem = check(ns) if callable(check) else None
+        if problem:
+            self.error(problem)
         return ns, extras
 
     def unknown_message(self, extras: list[str]) -> str:
