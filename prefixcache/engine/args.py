@@ -183,6 +183,16 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
         parser.add_argument(flag, help=_help(f, default, unit), **kw)
 
 
+def flag_message(message: str) -> str:
+    """A ``field: why`` message (a ValueError of :class:`EngineConfig` or of the engine)
+    naming the field's flag too where its name differs from the field's,
+    ``--host-cache-gib (host_cache_bytes): why``; any other message unchanged."""
+    name, sep, why = message.partition(": ")
+    flags = {f.name: f.metadata["flag"] for f in engine_fields() if f.metadata.get("flag")}
+    flags.update({field: over[0] for field, over in _FLAG_OVERRIDES.items()})
+    return f"{flags[name]} ({name}): {why}" if sep and name in flags else message
+
+
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
     """The :class:`EngineConfig` of parsed engine flags (those :func:`add_engine_args`
     added), with ``overrides`` (field values) on top.
@@ -204,4 +214,4 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> EngineConfig
     return EngineConfig(**kwargs)
 
 
-__all__ = ["add_engine_args", "config_from_args", "engine_fields"]
+__all__ = ["add_engine_args", "config_from_args", "engine_fields", "flag_message"]

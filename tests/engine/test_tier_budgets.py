@@ -59,3 +59,14 @@ def test_unwritable_disk_dir(tmp_path: Path, monkeypatch):
     with pytest.raises(ValueError) as e:
         build(disk_cache_dir=str(tmp_path))
     assert str(e.value) == f"disk_cache_dir: {str(tmp_path)!r} is not writable"
+
+
+def test_cli_names_the_flag_and_field_with_the_minimum(capsys):
+    from prefixcache.cli import main
+
+    code = main(["generate", "hi", "--model", "builtin:tiny", "--host-cache-gib", "0.000001",
+                 "--num-pages", "8"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("prefixcache generate: error: --host-cache-gib (host_cache_bytes): 1073 "
+                   f"bytes is less than one KV page of this model; {MINIMUM}")
