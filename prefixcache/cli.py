@@ -77,6 +77,10 @@ class CLIParser(argparse.ArgumentParser):
         ns, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(self.unknown_message(extras))
+        check = getattr(ns, "_check_args", None)  # checks across flags (engine/args.py)
+        problem = check(ns) if callable(check) else None
+        if problem:
+            self.error(problem)
         return ns, extras
 
     def unknown_message(self, extras: list[str]) -> str:
@@ -111,6 +115,13 @@ def build_parser(argv: list[str]) -> CLIParser:
     return parser
 
 
+def _named(exc: BaseException) -> str:
+    """``exc``'s message; an engine field's error also names its flag (when an engine
+    command ran, so ``engine/args.py`` is loaded; other commands never import torch)."""
+    args_mod = sys.modules.get("prefixcache.engine.args")
+    return args_mod.flag_message(str(exc)) if args_mod else str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand. A user error (a bad parameter, a missing file or data folder:
     ``ValueError``, ``OSError``) prints one line, ``prefixcache CMD: error: ...``, and
@@ -122,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return int(args._run(args) or 0)
         except (ValueError, OSError) as exc:
-            print(f"prefixcache {args.command}: error: {exc}", file=sys.stderr)
+            print(f"prefixcache {args.command}: error: {_named(exc)}", file=sys.stderr)
             return 2
     except KeyboardInterrupt:
         print(file=sys.stderr)  # end the line the terminal's ^C is on

@@ -20,7 +20,9 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16",
                                        torch.float16: "float16"}
 
+GIB = 1 << 30
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when num_pages is not given
+DEFAULT_DISK_CACHE_BYTES = 8 << 30
 # The page-hash root seed when PREFIXCACHE_HASH_SEED is unset; equal to
 # prefixcache.cache.hashing.DEFAULT_ROOT_SEED (a test checks it).
 DEFAULT_HASH_ROOT_SEED = "prefixcache/v1"
@@ -52,6 +54,23 @@ def hash_root_seed_from_env() -> str:
     """``$PREFIXCACHE_HASH_SEED``, or :data:`DEFAULT_HASH_ROOT_SEED` when unset or empty.
     The one place the environment reaches the cache keys."""
     return os.environ.get(HASH_SEED_ENV) or DEFAULT_HASH_ROOT_SEED
+
+
+def physical_ram_bytes() -> int | None:
+    """The machine's physical RAM in bytes (``None`` where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def over_physical_ram(nbytes: int, shown: str) -> str | None:
+    """The one host-RAM budget check (``EngineConfig`` and ``--host-cache-gib``): why
+    ``nbytes`` (written ``shown``) is refused, more than the physical RAM, or ``None``."""
+    ram = physical_ram_bytes()
+    if ram is not None and ram > 0 and nbytes > ram:
+        return f"{shown} is more than this machine's physical RAM ({ram / GIB:.2f} GiB)"
+    return None
 
 
 def _opt(help: str, unit: str = "", default: str | None = None, **meta) -> dict:
@@ -115,9 +134,11 @@ class EngineConfig:
         kv_store_timeout_s: time budget of every call to the shared tier, seconds.
         kv_store_lock_wait_s: longest a request waits for another replica computing
             the same cold prefix, seconds; ``0`` never waits.
-        host_cache_bytes: byte budget of the host-RAM KV tier (L2); ``0`` turns it off.
+        host_cache_bytes: byte budget of the host-RAM KV tier (L2); ``0`` turns it off;
+            at most the physical RAM, and (checked by the engine) at least one KV page.
         disk_cache_dir: directory of the disk KV tier (L3); ``None`` turns it off.
-        disk_cache_bytes: byte budget of the disk tier (bytes of its files).
+        disk_cache_bytes: byte budget of the disk tier (bytes of its files); other than
+            the default only with ``disk_cache_dir``; at least one KV page (the engine).
         tier_write_policy: ``"write_back"`` (pages are written down when evicted from
             the pool) or ``"write_through"`` (pages are written down when they are hit).
         tier_load_policy: ``"auto"`` (load a tier hit only when loading is estimated to
@@ -188,7 +209,7 @@ class EngineConfig:
         "host-RAM KV tier (L2) budget, 0 for none", "bytes"))
     disk_cache_dir: str | None = field(default=None, metadata=_opt(
         "directory of the disk KV tier (L3)", default="none (no disk tier)"))
-    disk_cache_bytes: int = field(default=8 << 30, metadata=_opt(
+    disk_cache_bytes: int = field(default=DEFAULT_DISK_CACHE_BYTES, metadata=_opt(
         "disk KV tier (L3) budget", "bytes"))
     tier_write_policy: str = field(default="write_back", metadata=_opt(
         "when pages are written to the KV tiers: write_back (on eviction) or "
@@ -233,7 +254,12 @@ class EngineConfig:
                 (f"tenant_quotas[{t!r}]", f) for t, f in (self.tenant_quotas or {}).items()]:
             need(f is None or 0.0 < f <= 1.0, name, f"must be in (0, 1], got {f}")
         need(self.host_cache_bytes >= 0, "host_cache_bytes", "must be >= 0")
+        ram_excess = over_physical_ram(self.host_cache_bytes, f"{self.host_cache_bytes} bytes")
+        need(ram_excess is None, "host_cache_bytes", str(ram_excess))
         need(self.disk_cache_bytes >= 1, "disk_cache_bytes", "must be >= 1")
+        need(self.disk_cache_dir is not None
+             or self.disk_cache_bytes == DEFAULT_DISK_CACHE_BYTES, "disk_cache_bytes",
+             "needs disk_cache_dir (no disk tier without a directory)")
         need(self.disk_cache_dir is None or bool(self.disk_cache_dir), "disk_cache_dir",
              "must be a non-empty path or None")
         need(self.tier_write_policy in ("write_back", "write_through"), "tier_write_policy",

@@ -7,22 +7,20 @@ the field's metadata. ``--seed`` is always the engine seed. Booleans that defaul
 ``False`` are switches (``--deterministic``); ``enable_prefix_caching`` is switched off
 by ``--no-prefix-caching``. ``kv_cache_bytes``, ``host_cache_bytes`` and ``disk_cache_bytes``
 are given in GiB (``--kv-cache-gib``, ``--host-cache-gib``, ``--disk-cache-gib``): each must
-be a finite number >= 0 (nan, inf and negatives are an argparse error naming the flag), and
-``--host-cache-gib`` at most the machine's physical RAM.
+be a finite number (nan, inf and negatives are an argparse error naming the flag),
+``--kv-cache-gib`` and ``--disk-cache-gib`` > 0, ``--host-cache-gib`` >= 0 (0: no host tier)
+and at most the machine's physical RAM. ``--disk-cache-gib`` needs ``--disk-cache-dir``.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
-import os
 from collections.abc import Iterable
 from typing import Any
 
-from prefixcache.config import EngineConfig, dtype_name
-
-GIB = 1 << 30
-
+from prefixcache.config import GIB, EngineConfig, dtype_name, over_physical_ram
+from prefixcache.config import physical_ram_bytes as physical_ram_bytes  # re-exported
 
 
 def gib_arg(text: str) -> float:
@@ -38,29 +36,40 @@ def gib_arg(text: str) -> float:
     return value
 
 
-def physical_ram_bytes() -> int | None:
-    """The machine's physical RAM in bytes (``None`` where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+def positive_gib_arg(text: str) -> float:
+    """argparse type of ``--kv-cache-gib`` and ``--disk-cache-gib``: :func:`gib_arg`, > 0."""
+    value = gib_arg(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
 
 
 def host_gib_arg(text: str) -> float:
-    """argparse type of ``--host-cache-gib``: :func:`gib_arg`, at most the physical RAM."""
+    """argparse type of ``--host-cache-gib``: :func:`gib_arg`, at most the physical RAM
+    (the check :class:`EngineConfig` makes, :func:`~prefixcache.config.over_physical_ram`)."""
     value = gib_arg(text)
-    ram = physical_ram_bytes()
-    if ram is not None and ram > 0 and value * GIB > ram:
-        raise argparse.ArgumentTypeError(
-            f"{text} GiB is more than this machine's physical RAM ({ram / GIB:.2f} GiB)")
+    excess = over_physical_ram(int(value * GIB), f"{text} GiB")
+    if excess:
+        raise argparse.ArgumentTypeError(excess)
     return value
+
+
+def check_engine_args(args: argparse.Namespace) -> str | None:
+    """The parser's check across engine flags (``CLIParser`` calls it after parsing): a
+    usage error naming the flags, or ``None``. ``--disk-cache-gib`` other than its default
+    without ``--disk-cache-dir`` would otherwise start with no disk tier."""
+    gib = getattr(args, "disk_cache_gib", None)
+    default = _default(_field("disk_cache_bytes")) / GIB
+    if gib is not None and gib != default and not getattr(args, "disk_cache_dir", None):
+        return "--disk-cache-gib needs --disk-cache-dir (no disk tier without a directory)"
+    return None
 
 
 # Fields whose flag differs from the field: flag (its dest is the flag's name), argparse
 # type, field value per flag unit, unit.
-_FLAG_OVERRIDES = {"kv_cache_bytes": ("--kv-cache-gib", gib_arg, GIB, "GiB"),
+_FLAG_OVERRIDES = {"kv_cache_bytes": ("--kv-cache-gib", positive_gib_arg, GIB, "GiB"),
                    "host_cache_bytes": ("--host-cache-gib", host_gib_arg, GIB, "GiB"),
-                   "disk_cache_bytes": ("--disk-cache-gib", gib_arg, GIB, "GiB")}
+                   "disk_cache_bytes": ("--disk-cache-gib", positive_gib_arg, GIB, "GiB")}
 _NEGATED = {"enable_prefix_caching": "--no-prefix-caching"}
 _TYPES = {"int": int, "float": float, "str": str}
 
@@ -94,6 +103,10 @@ def engine_fields(include: Iterable[str] | None = None) -> list[dataclasses.Fiel
     if unknown:
         raise ValueError(f"include: no engine flag for {sorted(unknown)}")
     return [f for f in fields if f.name in wanted]
+
+
+def _field(name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(EngineConfig) if f.name == name)
 
 
 def _dest(flag: str) -> str:
@@ -135,6 +148,8 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
     unknown = set(defaults) - {f.name for f in fields}
     if unknown:
         raise ValueError(f"defaults: no engine flag for {sorted(unknown)}")
+    if any(f.name == "disk_cache_bytes" for f in fields):  # run by CLIParser.parse_known_args
+        parser.set_defaults(_check_args=check_engine_args)
     for f in fields:
         default = defaults.get(f.name, _default(f))
         if f.name in _NEGATED:
@@ -168,6 +183,16 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
         parser.add_argument(flag, help=_help(f, default, unit), **kw)
 
 
+def flag_message(message: str) -> str:
+    """A ``field: why`` message (a ValueError of :class:`EngineConfig` or of the engine)
+    naming the field's flag too where its name differs from the field's,
+    ``--host-cache-gib (host_cache_bytes): why``; any other message unchanged."""
+    name, sep, why = message.partition(": ")
+    flags = {f.name: f.metadata["flag"] for f in engine_fields() if f.metadata.get("flag")}
+    flags.update({field: over[0] for field, over in _FLAG_OVERRIDES.items()})
+    return f"{flags[name]} ({name}): {why}" if sep and name in flags else message
+
+
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
     """The :class:`EngineConfig` of parsed engine flags (those :func:`add_engine_args`
     added), with ``overrides`` (field values) on top.
@@ -189,4 +214,4 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> EngineConfig
     return EngineConfig(**kwargs)
 
 
-__all__ = ["add_engine_args", "config_from_args", "engine_fields"]
+__all__ = ["add_engine_args", "config_from_args", "engine_fields", "flag_message"]

@@ -26,6 +26,7 @@ rest                 computed by the model step (the last token always is)
 """
 from __future__ import annotations
 
+import math
 import struct
 import time
 
@@ -40,7 +41,7 @@ from prefixcache.cache.tiers.disk_tier import DiskTier
 from prefixcache.cache.tiers.format import PageGroup
 from prefixcache.cache.tiers.host_tier import HostTier
 from prefixcache.cache.tiers.store_queue import StoreQueue
-from prefixcache.config import EngineConfig
+from prefixcache.config import GIB, EngineConfig
 from prefixcache.engine.tier_estimates import LoadEstimator
 from prefixcache.model.kv_pool import KVPool
 
@@ -55,6 +56,24 @@ def model_fingerprint(cache_id: str, dtype: torch.dtype, block_size: int) -> str
            f"|layout={KV_LAYOUT_VERSION}"
 
 
+def page_nbytes(kv: KVPool) -> int:
+    """Bytes of one exported KV page of ``kv`` (K and V of every layer)."""
+    return math.prod(kv.page_shape) * torch.empty((), dtype=kv.dtype).element_size()
+
+
+def check_tier_budgets(config: EngineConfig, page_bytes: int) -> None:
+    """Refuse a tier budget that cannot hold one KV page (``page_bytes``): every store
+    would be dropped. Raises ValueError naming the field and the minimum."""
+    budgets = [("host_cache_bytes", config.host_cache_bytes)] if config.host_cache_bytes \
+        else []
+    if config.disk_cache_dir:
+        budgets.append(("disk_cache_bytes", config.disk_cache_bytes))
+    for name, value in budgets:
+        if value < page_bytes:
+            raise ValueError(f"{name}: {value} bytes is less than one KV page of this model; "
+                             f"the minimum is {page_bytes} bytes ({page_bytes / GIB:.6f} GiB)")
+
+
 class KVTiers:
     """Host-RAM and disk tiers of one engine.
 
@@ -67,6 +86,9 @@ class KVTiers:
         fingerprint: :func:`model_fingerprint`.
 
     Raises:
+        ValueError: ``host_cache_bytes`` (when not 0) or ``disk_cache_bytes`` (with a disk
+            tier) smaller than one KV page of this model; ``disk_cache_dir`` not a
+            writable directory (:class:`DiskTier`).
         OSError: the disk directory cannot be created."""
 
     def __init__(self, config: EngineConfig, cache: KVCacheManager, kv: KVPool,
@@ -74,6 +96,7 @@ class KVTiers:
         self.cache, self.kv = cache, kv
         self.fingerprint = blake2b_128(encode_parts("kv-fingerprint", fingerprint))
         self.tiers: list[Tier] = []
+        check_tier_budgets(config, page_nbytes(kv))
         if config.host_cache_bytes:
             self.tiers.append(HostTier(config.host_cache_bytes, config.max_pinned_fraction))
         if config.disk_cache_dir:

@@ -46,6 +46,23 @@ SUFFIX = ".kvpg"
 log = logging.getLogger(__name__)
 
 
+def _writable_dir(path: Path) -> Path:
+    """``path``, created if missing; ValueError naming ``disk_cache_dir`` when it (or a
+    parent) is not a directory, or it cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"disk_cache_dir: {str(path)!r} is not a directory") from None
+    except PermissionError as exc:
+        raise ValueError(f"disk_cache_dir: {str(path)!r} cannot be created: "
+                         f"{exc.strerror}") from None
+    if not path.is_dir():
+        raise ValueError(f"disk_cache_dir: {str(path)!r} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"disk_cache_dir: {str(path)!r} is not writable")
+    return path
+
+
 class DiskTier:
     """Disk tier in one directory.
 
@@ -57,9 +74,10 @@ class DiskTier:
         max_pinned_fraction: share of the budget files holding pinned pages may use.
 
     Raises:
-        ValueError: ``capacity_bytes < 1``, an empty ``fingerprint`` or
-            ``max_pinned_fraction`` outside ``[0, 1]``.
-        OSError: ``directory`` cannot be created."""
+        ValueError: ``capacity_bytes < 1``, an empty ``fingerprint``,
+            ``max_pinned_fraction`` outside ``[0, 1]``, or ``directory`` not a writable
+            directory (the message names ``disk_cache_dir``, the engine's field).
+        OSError: ``directory`` cannot be created for another reason."""
 
     name = "disk"
 
@@ -69,8 +87,7 @@ class DiskTier:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
         if not fingerprint:
             raise ValueError("fingerprint must be non-empty")
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = _writable_dir(Path(directory))
         self.capacity_bytes = capacity_bytes
         self.fingerprint = fingerprint
         self.io = io or TierIO()
