@@ -76,6 +76,7 @@ class SamplingParams:
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         _check(all(isinstance(s, str) and s for s in self.stop or []), "stop",
@@ -86,11 +87,6 @@ class SamplingParams:
                "stop_token_ids", "must be non-negative integers")
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
         _check(self.n == 1, "n", f"only n=1 is supported, got {self.n}")
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
-            v = getattr(self, name)
-            _check(isinstance(v, (int, float)) and math.isfinite(v), name,
-                   f"must be a finite number, got {v!r}")
         _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.top_k >= -1, "top_k", f"must be -1, 0 or positive, got {self.top_k}")
@@ -117,9 +113,39 @@ class SamplingParams:
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
         _check(self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0")
 
+    def _check_types(self) -> None:
+        """Every numeric field has its type (a bool is neither an int nor a float here),
+        so the range checks compare numbers; ParamError names the field."""
+        for name in _INT_FIELDS + _OPTIONAL_INT_FIELDS:
+            v = getattr(self, name)
+            _check((v is None and name in _OPTIONAL_INT_FIELDS) or _is_int(v), name,
+                   f"must be an integer, got {v!r}")
+        for name in _FLOAT_FIELDS:
+            v = getattr(self, name)
+            _check(isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v), name, f"must be a finite number, got {v!r}")
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+_INT_FIELDS = ("n", "top_k", "min_tokens")
+_OPTIONAL_INT_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_namespace(**values: object) -> None:
+    """``tenant`` and ``cache_salt`` (the cache namespace) must be strings or ``None``;
+    raises :class:`ParamError` naming the first that is not."""
+    for name, v in values.items():
+        _check(v is None or isinstance(v, str), name,
+               f"must be a string or None, got {type(v).__name__}")
 
 
 def _check(ok: bool, param: str, message: str) -> None:

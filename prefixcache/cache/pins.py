@@ -40,7 +40,24 @@ from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.pin_demotion import PinDemotion, PinKey
 from prefixcache.cache.prefix_index import PrefixIndex
 
-__all__ = ["Pin", "PinCapError", "PinKey", "PinRegistry"]
+__all__ = ["MAX_PIN_TTL_S", "MIN_PIN_TTL_S", "Pin", "PinCapError", "PinKey", "PinRegistry",
+           "check_pin_ttl"]
+
+# Bounds of a pin's TTL in the public APIs (HTTP ``cache_ttl``, ``LLM.pin_prefix``,
+# ``pin_ttl_s``); :class:`PinRegistry` itself takes any positive TTL (tests, clocks).
+MIN_PIN_TTL_S = 1.0
+MAX_PIN_TTL_S = 7 * 24 * 3600.0  # a week
+
+
+def check_pin_ttl(value: object) -> float:
+    """``value`` as seconds if it is a real number (not a bool) from
+    :data:`MIN_PIN_TTL_S` to :data:`MAX_PIN_TTL_S`; raises ValueError otherwise (the
+    caller names its parameter)."""
+    if (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and MIN_PIN_TTL_S <= value <= MAX_PIN_TTL_S):
+        return float(value)
+    raise ValueError(f"must be a number of seconds from {MIN_PIN_TTL_S:.0f} to "
+                     f"{MAX_PIN_TTL_S:.0f}, got {value!r}")
 
 
 class PinCapError(RuntimeError):
@@ -206,6 +223,10 @@ class PinRegistry:
                      key=lambda p: p.seq)
         others = {page for key, pin in self.pins.items() if key[0] != tenant
                   for page in pin.pages if page is not None}
+        if self.cap_pages == 0:
+            self.counters["pins_refused"] += 1
+            raise PinCapError(f"pinning is disabled: the pin cap is 0 pages "
+                              f"(max_pinned_fraction={self.max_pinned_fraction})")
         if len(others) + len(want - others) > self.cap_pages:
             self.counters["pins_refused"] += 1
             raise PinCapError(f"pinning {len(want)} pages would exceed the pin cap of "

@@ -14,13 +14,14 @@ requests with ``finish_reason="error"``; the engine keeps serving.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 
 import torch
 
 from prefixcache.cache.manager import KVCacheManager
-from prefixcache.cache.pins import PinCapError
+from prefixcache.cache.pins import PinCapError, check_pin_ttl
 from prefixcache.cache.tiers.redis_store import RedisTier
 from prefixcache.config import EngineConfig
 from prefixcache.engine.kv_events import KVEventPublisher
@@ -32,9 +33,10 @@ from prefixcache.engine.request import Request, RequestStatus
 from prefixcache.engine.scheduler import ScheduledSeq, Scheduler
 from prefixcache.model.loader import LoadedModel, load_model
 from prefixcache.outputs import RequestOutput
-from prefixcache.sampling_params import ParamError, SamplingParams
+from prefixcache.sampling_params import ParamError, SamplingParams, check_namespace
 
 log = logging.getLogger(__name__)
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
 
 
 class QueueFullError(RuntimeError):
@@ -159,10 +161,12 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params)
-        if pin_ttl_s is not None and not (isinstance(pin_ttl_s, (int, float))
-                                          and 0 < pin_ttl_s < float("inf")):
-            raise ParamError("pin_ttl_s", f"must be a positive number of seconds, got "
-                             f"{pin_ttl_s!r}")
+        check_namespace(tenant=tenant, cache_salt=cache_salt)
+        if pin_ttl_s is not None:
+            try:
+                pin_ttl_s = check_pin_ttl(pin_ttl_s)
+            except ValueError as exc:
+                raise ParamError("pin_ttl_s", str(exc)) from None
         limit = self.config.max_waiting_requests
         if limit is not None and len(self.scheduler.waiting) >= limit:
             raise QueueFullError(f"{len(self.scheduler.waiting)} requests are waiting")
@@ -317,6 +321,7 @@ class LLMEngine:
         ``tier`` (``"pool"``, or ``"host"``/``"disk"``: the lowest KV tier holding a
         page demoted from the pool), ``expires_at`` (Unix seconds), ``ttl_s``. Never
         another tenant's. A pin with a demoted page no tier holds any more lapses here."""
+        check_namespace(tenant=tenant)
         out = []
         for pin in self.cache.pins.list(tenant):
             demoted = pin.demoted()
@@ -335,11 +340,11 @@ class LLMEngine:
         Raises:
             ParamError: ``prefix_hash`` is not a hex string.
         """
-        try:
-            key = bytes.fromhex(prefix_hash)
-        except (TypeError, ValueError):
-            raise ParamError("prefix_hash", f"must be a hex string, got {prefix_hash!r}"
-                             ) from None
+        check_namespace(tenant=tenant)
+        if not (isinstance(prefix_hash, str) and _HEX.fullmatch(prefix_hash)):
+            raise ParamError("prefix_hash", f"must be a non-empty hex string (an even "
+                             f"number of 0-9a-f digits), got {str(prefix_hash)[:64]!r}")
+        key = bytes.fromhex(prefix_hash)
         return self.cache.pins.unpin(tenant, key)
     def close(self) -> None:
         """Finish the queued KV tier stores and stop their worker, and close the KV

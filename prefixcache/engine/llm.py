@@ -11,17 +11,20 @@ import itertools
 from collections.abc import Sequence
 from typing import Any, cast
 
-from prefixcache.cache.pins import PinCapError
+from prefixcache.cache.pins import PinCapError, check_pin_ttl
 from prefixcache.config import EngineConfig
 from prefixcache.engine.engine import LLMEngine
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams
+from prefixcache.text.messages import MessageError, check_messages
 
 PromptType = str | dict[str, Any]
 
 
 class LLM:
-    """Load a model and generate completions offline.
+    """Load a model and generate completions offline. Use it as a context manager
+    (``with LLM(...) as llm:``) or call :meth:`close` when done; a closed LLM refuses
+    new work (RuntimeError).
 
     Args:
         model: Hugging Face model directory or ``"builtin:tiny"``.
@@ -38,6 +41,17 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+        self._closed = False
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LLM is closed; create a new LLM to generate")
 
     def _prompt_ids(self, prompt: PromptType) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
@@ -64,12 +78,15 @@ class LLM:
             sampling_params: one for all prompts, or one per prompt.
             tenant, cache_salt: the cache namespace of these requests.
             use_tqdm: show a progress bar.
-            pin_ttl_s: pin each prompt's full pages for this long (seconds) once
-                prefilled; ``output.extra["pin"]`` says whether the pin cap allowed it.
+            pin_ttl_s: pin each prompt's full pages for this long (seconds, from 1 to
+                604800) once prefilled; ``output.extra["pin"]`` says whether the pin cap allowed it.
 
         Raises:
-            ParamError: an invalid prompt or parameter; nothing is queued then.
+            ParamError: an invalid prompt or parameter (``tenant`` and ``cache_salt``
+                must be strings or None); nothing is queued then.
+            RuntimeError: the LLM is closed.
         """
+        self._check_open()
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -94,11 +111,20 @@ class LLM:
              tenant: str | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, rendered with the
         model's chat template; each output's ``prompt`` is the rendered prompt text.
-        Raises ParamError (``messages``) if the model has no tokenizer."""
+        Raises ParamError naming the field at fault (``messages[0].role``; with a list
+        of conversations ``messages[1][0].role``), with the server's rules
+        (``text/messages.py``), or ``messages`` if the model has no tokenizer."""
+        self._check_open()
         if self.tokenizer is None:
             raise ParamError("messages", "this model has no tokenizer to render a chat")
-        one = bool(messages) and isinstance(messages[0], dict)
+        one = not (isinstance(messages, list) and messages and isinstance(messages[0], list))
         convs = cast(list[list[dict[str, Any]]], [messages] if one else messages)
+        for k, conv in enumerate(convs):
+            try:
+                check_messages(conv)
+            except MessageError as exc:
+                param = exc.param if one else exc.param.replace("messages", f"messages[{k}]", 1)
+                raise ParamError(param, exc.message) from None
         texts = [self.tokenizer.render_chat(c, tools=tools) for c in convs]
         prompts = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False),
                     "prompt": t} for t in texts]
@@ -130,10 +156,18 @@ class LLM:
         :meth:`list_pins` shows it, plus ``cached_tokens`` (what the prefill reused).
 
         Raises:
-            ParamError: a bad prompt (shorter than one page) or ``pin_ttl_s``.
+            ParamError: a bad prompt (shorter than one page), ``ttl_s`` (a number of
+                seconds from 1 to 604800, a week, as HTTP ``cache_ttl``), ``tenant`` or
+                ``cache_salt``.
             ValueError: prefix caching is off (nothing is published to pin).
             PinCapError: the pin does not fit under ``max_pinned_fraction``.
+            RuntimeError: the LLM is closed.
         """
+        self._check_open()
+        try:
+            ttl_s = check_pin_ttl(ttl_s)
+        except ValueError as exc:
+            raise ParamError("ttl_s", str(exc)) from None
         if not self.engine.config.enable_prefix_caching:
             raise ValueError("enable_prefix_caching is off: no page is published, so "
                              "nothing can be pinned")
@@ -162,9 +196,15 @@ class LLM:
         """Remove one of the tenant's pins; ``False`` if it has none by that hash.
         Raises ParamError if ``prefix_hash`` is not hex."""
         return self.engine.unpin(prefix_hash, tenant)
+
     def close(self) -> None:
-        """Write the pool's cached pages to the KV tiers and finish their stores (a no-op
-        without tiers); the LLM keeps working from the pool alone afterwards."""
+        """Write the pool's cached pages to the KV tiers and finish their stores, and
+        close the KV event sockets. Idempotent; afterwards :meth:`generate`,
+        :meth:`chat` and :meth:`pin_prefix` raise RuntimeError (``stats`` and
+        ``list_pins`` still answer)."""
+        if self._closed:
+            return
+        self._closed = True
         self.engine.close()
 
     def stats(self) -> dict[str, int | float]:

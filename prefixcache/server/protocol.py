@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from prefixcache.server.errors import APIError, bad_request
+from prefixcache.text.messages import MessageError, check_messages
 
 # OpenAI fields accepted and ignored (they do not change the generated tokens).
 IGNORED_FIELDS = {
@@ -99,6 +100,7 @@ class CompletionRequest(_SamplingFields):
 
 
 class ChatMessage(_Body):
+    # the same roles as prefixcache.text.messages.MESSAGE_ROLES (checked by a test)
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -217,13 +219,10 @@ def check_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
         raise bad_request("audio output is not supported", "audio")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    for i, m in enumerate(req.messages):
-        if isinstance(m.content, list):
-            for j, part in enumerate(m.content):
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_request("only text content parts ({'type': 'text', 'text': "
-                                      "...}) are supported", f"messages[{i}].content[{j}]")
-
+    try:
+        check_messages(message_dicts(req))
+    except MessageError as exc:
+        raise bad_request(str(exc), exc.param) from None
 
 def message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     """Messages as plain dicts for the chat template (``None`` fields dropped; unknown

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from prefixcache.cache.pins import MAX_PIN_TTL_S, MIN_PIN_TTL_S
 from prefixcache.sampling_params import ParamError, SamplingParams
 from prefixcache.server.errors import APIError, bad_request
 from prefixcache.server.logsafe import name_list
@@ -188,8 +189,8 @@ class RequestPreparer:
 
 
 _TTL_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-MIN_CACHE_TTL_S = 1.0
-MAX_CACHE_TTL_S = 7 * 24 * 3600.0
+MIN_CACHE_TTL_S = MIN_PIN_TTL_S  # shared with the offline API (cache/pins.py)
+MAX_CACHE_TTL_S = MAX_PIN_TTL_S
 
 
 def request_pin_ttl(req: CompletionRequest | ChatCompletionRequest) -> float | None:

@@ -119,6 +119,18 @@ def test_delete_without_a_hash_is_a_400_naming_it(tenant_server):
     assert _pins(srv, "sk-alice") is not None  # still serving
 
 
+def test_delete_with_a_blank_or_odd_hash_is_a_400_not_a_404(tenant_server):
+    srv = tenant_server
+    for raw in ("%20", "%20%20", "ab%20cd", "abc", "%09", "zz", "ab%0A"):
+        r = httpx.delete(f"{srv.v1}/cache/pins/{raw}", headers=_auth("sk-alice"), timeout=30)
+        assert r.status_code == 400, (raw, r.status_code, r.text)
+        err = r.json()["error"]
+        assert (err["type"], err["param"], err["code"]) == (
+            "invalid_request_error", "prefix_hash", None), raw
+        assert "hex" in err["message"]
+    assert _pins(srv, "sk-alice") is not None  # still serving
+
+
 def test_cache_ttl_below_one_second_is_a_400_and_pins_nothing(tenant_server):
     srv = tenant_server
     alice = _client(srv, "sk-alice")
