@@ -138,15 +138,8 @@ class RedisTier:
         """Leading pages of ``hashes`` present in Redis (0 while degraded)."""
         n = 0
         for start in range(0, len(hashes), LOOKUP_CHUNK):
-            chunk = hashes[start:start + LOOKUP_CHUNK]
-
-            def exists(chunk: Sequence[bytes] = chunk) -> list:
-                pipe = self.client.pipeline(transaction=False)
-                for h in chunk:
-                    pipe.exists(self.key(h))
-                return pipe.execute()
-
-            found = self._call(exists, "load")
+            found = self._call(self._pipelined("exists", hashes[start:start + LOOKUP_CHUNK]),
+                               "load")
             if found is FAILED:
                 return n
             for ok in found:
@@ -160,14 +153,7 @@ class RedisTier:
         corrupt key is deleted and counted)."""
         if not hashes:
             return None
-
-        def fetch() -> list:
-            pipe = self.client.pipeline(transaction=False)
-            for h in hashes:
-                pipe.get(self.key(h))
-            return pipe.execute()
-
-        values = self._call(fetch, "load")
+        values = self._call(self._pipelined("get", hashes), "load")
         if values is FAILED:
             return None
         groups = []
@@ -196,6 +182,15 @@ class RedisTier:
         return PageGroup(first.fingerprint, tuple(hashes),
                          tuple(g.token_ids[0] for g in groups), first.dtype, first.page_shape,
                          payload)
+
+    def _pipelined(self, command: str, hashes: Sequence[bytes]) -> Callable[[], list]:
+        """One round trip running ``command`` (``exists``, ``get``) on each page's key."""
+        def run() -> list:
+            pipe = self.client.pipeline(transaction=False)
+            for h in hashes:
+                getattr(pipe, command)(self.key(h))
+            return pipe.execute()
+        return run
 
     def _delete(self, page_hash: bytes) -> None:
         key = self.key(page_hash)
