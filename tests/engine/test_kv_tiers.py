@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.outputs import same_output as same
 from prefixcache import LLM, SamplingParams
 from prefixcache.cache.tiers.tier_io import FaultyIO
 from prefixcache.engine.tier_estimates import LoadEstimator
@@ -30,14 +31,6 @@ def run(llm: LLM, prompt: list[int], **kw):
 def cold():
     llm = LLM("builtin:tiny", num_pages=64, enable_prefix_caching=False)
     return {"A": run(llm, A), "B": run(llm, B)}
-
-
-def same(out, ref) -> None:
-    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
-    for got, want in zip(out.outputs[0].logprobs, ref.outputs[0].logprobs):
-        assert got.keys() == want.keys()
-        for t in got:
-            assert got[t].logprob == pytest.approx(want[t].logprob, abs=1e-4)
 
 
 def tiered(**kw) -> LLM:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.outputs import same_output as same
 from prefixcache import LLM, SamplingParams
 
 BS = 16
@@ -34,14 +35,6 @@ def run(llm: LLM, prompt: list[int], tenant: str = "a"):
 @pytest.fixture(scope="module")
 def cold():
     return run(LLM("builtin:tiny", num_pages=64, enable_prefix_caching=False), DOC)
-
-
-def same(out, ref) -> None:
-    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
-    for got, want in zip(out.outputs[0].logprobs, ref.outputs[0].logprobs):
-        assert got.keys() == want.keys()
-        for t in got:
-            assert got[t].logprob == pytest.approx(want[t].logprob, abs=1e-4)
 
 
 def make(**kw) -> LLM:
