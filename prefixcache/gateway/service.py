@@ -128,8 +128,9 @@ class Gateway:
         if raw is not None:
             try:
                 return self._hit(tenant, "exact", Completion.from_bytes(raw))
-            except ValueError:
-                log.warning("an unreadable layer-1 entry was ignored")
+            except ValueError:  # corrupt: a miss, and the entry goes (DESIGN.md)
+                log.warning("an unreadable layer-1 entry was removed")
+                await self.store.delete(key)
         if policy.semantic and self.semantic is not None and kind == "chat":
             found = semantic_scope(tenant, req)
             if found is not None:
@@ -158,16 +159,14 @@ class Gateway:
         found = self.history.observe(tenant, req)
         self.metrics.breaker(tenant, found.volatile_span is not None, found.rewritten_tokens)
         if upstream.provider == "anthropic":
-            if not self.shape:
-                out["_messages"] = wire.chat_to_messages(req)
-                return out
             try:
                 msg = wire.chat_to_messages(req)
             except (wire.WireError, ValueError) as exc:
                 raise BadRequest(400, f"cannot translate to Messages: {exc}", "messages") \
                     from None
-            place_breakpoints(msg, self.reuse.ttl(tenant, req),
-                              min_cacheable_tokens(str(req.get("model"))))
+            if self.shape:
+                place_breakpoints(msg, self.reuse.ttl(tenant, req),
+                                  min_cacheable_tokens(str(req.get("model"))))
             out["_messages"] = msg
         elif upstream.provider == "openai" and self.shape and "prompt_cache_key" not in out:
             out["prompt_cache_key"] = prompt_cache_key(tenant, req)
@@ -186,12 +185,13 @@ class Gateway:
         policy = self.policy(tenant)
         if comp.finish_reason not in policy.store_finish_reasons:
             return
-        await self.store.set(key, comp.to_bytes(), policy.cache_ttl_s)
+        value = comp.to_bytes()
+        await self.store.set(key, value, policy.cache_ttl_s)
         if policy.semantic and self.semantic is not None:
             found = semantic_scope(tenant, req)
             if found is not None:
                 scope, text = found
-                await asyncio.to_thread(self.semantic.store, scope, text, comp.to_bytes())
+                await asyncio.to_thread(self.semantic.store, scope, text, value)
 
     async def _forward(self, tenant: str | None, kind: str, req: dict, upstream: Upstream,
                        stream: bool, layer: str, key: bytes | None, *, lead: bool = True

@@ -1,6 +1,7 @@
 """Where layer 1 keeps responses: an in-process LRU, or Redis shared by replicas.
 
-Both map a 16-byte key to bytes with a TTL in seconds. Redis entries live under
+Both map a 16-byte key to bytes with a TTL in seconds; an entry that does not verify
+is deleted by its reader (:meth:`delete`). Redis entries live under
 ``prefixcache:gw:<hex key>`` with ``EX`` set, so Redis expires them itself. A Redis that
 is down degrades to misses (counted in ``errors``), never to failed requests.
 """
@@ -41,6 +42,9 @@ class MemoryStore:
         while len(self._data) > self.max_entries:
             self._data.popitem(last=False)
 
+    async def delete(self, key: bytes) -> None:
+        self._data.pop(key, None)
+
     def __len__(self) -> int:
         return len(self._data)
 
@@ -80,6 +84,13 @@ class RedisStore:
         except Exception as exc:
             self.errors += 1
             log.warning("redis set failed: %s", type(exc).__name__)
+
+    async def delete(self, key: bytes) -> None:
+        try:
+            await self._r.delete(self._key(key))
+        except Exception as exc:
+            self.errors += 1
+            log.warning("redis delete failed: %s", type(exc).__name__)
 
     async def close(self) -> None:
         await self._r.aclose()

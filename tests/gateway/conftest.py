@@ -70,7 +70,7 @@ def make_gateway(upstreams: list[tuple[str, str, str, tuple[str, ...]]], *,
     client = make_client()
     ups = [Upstream(UpstreamSpec(n, u, p, m, timeout_s=timeout_s), client)
            for n, u, p, m in upstreams]
-    return Gateway(ups, store or MemoryStore(),
+    return Gateway(ups, store if store is not None else MemoryStore(),
                    policies={"*": TenantPolicy(), **(policies or {})}, semantic=semantic)
 
 

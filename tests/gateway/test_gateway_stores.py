@@ -146,3 +146,31 @@ def test_the_semantic_layer_is_opt_in_scoped_and_tenant_safe(emulators):
     off = make_gateway([("oa", url, "openai", (M,))], semantic=StubSemantic())
     run(lambda c: c.post("/v1/chat/completions", json=chat(M, "q"), headers=A), off)
     assert off.semantic.lookups == []
+
+
+class CountingStore(MemoryStore):
+    def __init__(self):
+        super().__init__()
+        self.deleted: list[bytes] = []
+
+    async def delete(self, key: bytes) -> None:
+        self.deleted.append(key)
+        await super().delete(key)
+
+
+def test_a_corrupt_layer1_entry_is_a_miss_and_is_removed(emulators):
+    emu, url = emulators("openai")
+    store = CountingStore()
+    gw = make_gateway([("oa", url, "openai", (M,))], store=store)
+
+    async def go(c):
+        first = await c.post("/v1/chat/completions", json=chat(M, "flip"), headers=A)
+        (key, (exp, value)), = store._data.items()
+        store._data[key] = (exp, value[:20] + bytes([value[20] ^ 1]) + value[21:])
+        second = await c.post("/v1/chat/completions", json=chat(M, "flip"), headers=A)
+        third = await c.post("/v1/chat/completions", json=chat(M, "flip"), headers=A)
+        return key, [r.headers["x-prefixcache-cache"] for r in (first, second, third)]
+
+    key, layers = run(go, gw)
+    assert layers == ["miss", "miss", "exact"]  # the corrupt value is never served
+    assert store.deleted == [key] and emu.calls == 2
