@@ -139,13 +139,17 @@ class SharedKVStore:
             return False
         tokens = (limit - cold) * self.cache.block_size
         per_token = self.estimates.prefill_s_per_token
-        budget = self.lock_wait_s if per_token is None else min(
+        # the leader's lock outlives its estimated compute (slack for a busy step); a
+        # follower never waits longer than computing the pages itself would take
+        recompute = self.lock_wait_s if per_token is None else min(
+            self.lock_wait_s, per_token * tokens)
+        lock_ttl = self.lock_wait_s if per_token is None else min(
             self.lock_wait_s, 1.5 * per_token * tokens + 0.05)
-        got = self.remote.try_lock(hashes[cold], int(budget * 1000))
+        got = self.remote.try_lock(hashes[cold], int(lock_ttl * 1000))
         if got is not False:
             return False  # this replica leads (or Redis is away): compute it
         self._decided.discard(rid)
-        self._waits[rid] = _Wait(hashes[cold], now + budget, now + POLL_S)
+        self._waits[rid] = _Wait(hashes[cold], now + recompute, now + POLL_S)
         self.lock_waits += 1
         return True
 

@@ -112,11 +112,10 @@ class KVTiers:
         self.token_mismatches = 0
         self.export_bytes = 0
         self.closed = False
-        if not self.write_through:
+        if self.local and not self.write_through:  # a shared tier stores at publication
             cache.set_evict_hook(self.write_back)
-            if self.local:  # pins are demoted to the tiers rather than lapsing
-                cache.pins.demotion.enabled = True
-                cache.pins.demotion.hook = self.set_pinned
+            cache.pins.demotion.enabled = True  # pins are demoted rather than lapsing
+            cache.pins.demotion.hook = self.set_pinned
 
     def set_pinned(self, hashes: list[bytes], pinned: bool) -> None:
         """The pins' demotion ``hook``: page hashes that became pinned (or not)."""
@@ -154,7 +153,7 @@ class KVTiers:
         pins are collected first, so the tiers are not told to keep them."""
         pins = self.cache.pins
         pins.expire()
-        todo = [e for e in evicted if not all(t.contains(e.page_hash) for t in self.tiers)]
+        todo = [e for e in evicted if not all(t.contains(e.page_hash) for t in self.local)]
         for pinned in (True, False):
             part_all = [e for e in todo if pins.demotion.is_pinned(e.page_hash) == pinned]
             for i in range(0, len(part_all), GROUP_PAGES):
@@ -180,7 +179,7 @@ class KVTiers:
         bs = self.cache.block_size
         hashes = self.cache.page_hashes(pt, last)
         todo = [i for i in range(first, last)
-                if not all(t.contains(hashes[i]) for t in self.tiers)]
+                if not all(t.contains(hashes[i]) for t in self.local)]
         if todo:
             self._submit([pt.pages[i] for i in todo], [hashes[i] for i in todo],
                          [tuple(pt.token_ids[i * bs:(i + 1) * bs]) for i in todo])
@@ -245,10 +244,9 @@ class KVTiers:
         memory; where they stop, each shared tier is asked once for its run
         (``lookup_run``: one pipelined round trip)."""
         plan: list[tuple[Tier, list[bytes]]] = []
-        local = [t for t in self.tiers if t not in self.remote]
         i = 0
         for i, h in enumerate(hashes):  # noqa: B007 (i is the first page no local tier has)
-            tier = next((t for t in local if t.contains(h)), None)
+            tier = next((t for t in self.local if t.contains(h)), None)
             if tier is None:
                 break
             if plan and plan[-1][0] is tier:

@@ -116,6 +116,26 @@ def test_a_follower_computes_itself_when_the_leader_never_delivers(url):
         b.engine.close()
 
 
+
+def test_a_follower_waits_no_longer_than_recomputing_would_take(url):
+    b = replica(url, kv_store_lock_wait_s=30.0)
+    leader = RedisTier(url, b.engine.tiers.fingerprint)
+    b.engine.shared.clock = lambda: 100.0
+    b.engine.shared.estimates.prefill_s_per_token = 0.001  # 1 ms per token, measured
+    try:
+        pt = b.engine.cache.new_page_table("probe", P)
+        first = b.engine.cache.page_hashes(pt, 1)[0]
+        b.engine.cache.free(pt)
+        assert leader.try_lock(first, 60_000)
+        b.engine.add_request("r1", P, G)
+        assert b.engine.step() == [] and b.engine.shared.waiting == 1
+        (wait,) = b.engine.shared._waits.values()
+        assert wait.deadline - 100.0 == pytest.approx(HIT * 0.001)  # the recompute estimate
+        b.engine.abort_request("r1")
+    finally:
+        leader.close()
+        b.engine.close()
+
 def test_redis_down_keeps_serving():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
