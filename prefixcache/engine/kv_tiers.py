@@ -255,10 +255,10 @@ class KVTiers:
                 plan.append((tier, [h]))
         else:
             return plan
-        for tier in self.remote:
-            n = tier.lookup_run(hashes[i:])
+        for remote in self.remote:
+            n = remote.lookup_run(hashes[i:])
             if n:
-                plan.append((tier, list(hashes[i:i + n])))
+                plan.append((remote, list(hashes[i:i + n])))
                 break
         return plan
 

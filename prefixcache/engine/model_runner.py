@@ -176,7 +176,9 @@ class ModelRunner:
             return []
         rows = [layout.sample_rows[s.request.request_id] for s in samplers]
         reqs = [s.request for s in samplers]
-        tokens, lps = sample(logits[rows], [r.sampling_params for r in reqs],
+        # the usual step's logits hold only sampled rows, in order: no [S, V] copy then
+        picked = logits if rows == list(range(logits.shape[0])) else logits[rows]
+        tokens, lps = sample(picked, [r.sampling_params for r in reqs],
                              [r.generator for r in reqs], [self._penalties(r) for r in reqs],
                              self.generator)
         return list(zip(samplers, tokens, lps))

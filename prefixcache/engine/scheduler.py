@@ -158,8 +158,10 @@ class Scheduler:
     def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
         """Allocate pages for ``n`` tokens, preempting the most recently admitted
         running requests (possibly ``req`` itself) until they fit."""
-        scheduled = {id(s.request) for s in out.scheduled}
+        scheduled: set[int] | None = None  # built only when a preemption is needed
         while not self.cache.allocate(req.table, n):
+            if scheduled is None:
+                scheduled = {id(s.request) for s in out.scheduled}
             victims = [r for r in self.running.values() if id(r) not in scheduled]
             victim = max(victims, key=lambda r: r.admit_seq)
             self.preempt(victim)
