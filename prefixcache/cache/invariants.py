@@ -25,6 +25,12 @@ def check_invariants(mgr: KVCacheManager) -> None:
         if len(set(pt.pages)) != len(pt.pages):
             raise InvariantError(f"{rid}: a page appears twice in one page table")
         holders.update(pt.pages)
+        # Different namespaces never share a page: every page a table holds was taken by
+        # its tenant (quotas and usage count pages by that owner).
+        for page in pt.pages:
+            if pool.owner[page] != pt.tenant:
+                raise InvariantError(f"{rid}: page {page} belongs to tenant "
+                                     f"{pool.owner[page]!r}, the table to {pt.tenant!r}")
         if pt.num_computed_tokens > len(pt.pages) * bs:
             raise InvariantError(f"{rid}: computed tokens beyond its pages")
         if len(pt.chain_refs) > pt.num_computed_tokens // bs:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from prefixcache.cache import KVCacheManager, PageState
-from prefixcache.cache.invariants import check_invariants
+from prefixcache.cache.invariants import InvariantError, check_invariants
 from prefixcache.cache.pins import PinCapError
 from tests.cache.cache_helpers import serve
 
@@ -224,3 +224,15 @@ def test_pin_of_unpublished_pages_is_refused():
     with pytest.raises(ValueError, match="pages"):
         mgr.pin(pt, 2, 10)
     assert mgr.pool.state.count(PageState.FREE) == 8
+
+
+def test_the_invariants_catch_a_page_held_across_tenants():
+    mgr = KVCacheManager(16, BS, model_id="m")
+    a = serve(mgr, "a", prompt(1, 2), keep=True, tenant="alice")
+    b = serve(mgr, "b", prompt(1, 2), keep=True, tenant="bob")
+    assert not set(a.pages) & set(b.pages)  # same tokens, other namespace: no sharing
+    check_invariants(mgr)
+    b.pages[0], saved = a.pages[0], b.pages[0]  # as a leak across namespaces would
+    with pytest.raises(InvariantError, match="belongs to tenant 'alice', the table to 'bob'"):
+        check_invariants(mgr)
+    b.pages[0] = saved
