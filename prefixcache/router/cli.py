@@ -47,6 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "tokens")
     p.add_argument("--dtype", default="float32", help="the replicas' --dtype (part of the "
                    "model fingerprint in every page hash)")
+    p.add_argument("--hash-root-seed", default=None, metavar="SEED",
+                   help="the replicas' --hash-root-seed (part of every page hash); default: "
+                        "$PREFIXCACHE_HASH_SEED, as for serve")
     p.add_argument("--api-keys", default=None, metavar="FILE",
                    help="the replicas' key file (default: none, single tenant)")
     p.add_argument("--max-index-pages", type=int, default=DEFAULT_MAX_PAGES,
@@ -111,7 +114,7 @@ def build_router_app(args: argparse.Namespace):
     fingerprint = model_fingerprint(cache_id, dtype, args.block_size)
     settings = RouterSettings(
         model_names=(args.served_model_name or [served_name(args.model)]) + [args.model],
-        tokenizer=tokenizer, keys=PromptKeys(fingerprint, hash_root_seed_from_env(),
+        tokenizer=tokenizer, keys=PromptKeys(fingerprint, args.hash_root_seed or hash_root_seed_from_env(),
                                              args.block_size),
         auth=auth, max_body_bytes=args.max_body_bytes,
         health_interval_s=args.health_interval_s)
