@@ -114,8 +114,9 @@ def build_router_app(args: argparse.Namespace):
     fingerprint = model_fingerprint(cache_id, dtype, args.block_size)
     settings = RouterSettings(
         model_names=(args.served_model_name or [served_name(args.model)]) + [args.model],
-        tokenizer=tokenizer, keys=PromptKeys(fingerprint, args.hash_root_seed or hash_root_seed_from_env(),
-                                             args.block_size),
+        tokenizer=tokenizer,
+        keys=PromptKeys(fingerprint, args.hash_root_seed or hash_root_seed_from_env(),
+                        args.block_size),
         auth=auth, max_body_bytes=args.max_body_bytes,
         health_interval_s=args.health_interval_s)
     return create_router_app(ReplicaSet(specs, index, policy), settings)

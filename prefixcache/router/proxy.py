@@ -150,13 +150,15 @@ class Proxy:
 
     async def _stream(self, routed: Routed, resp: httpx.Response, replica: str
                       ) -> AsyncIterator[bytes]:
-        pending = b""
+        pending, reported = b"", None
         try:
             try:
                 async for chunk in resp.aiter_raw():
-                    self.replicas.prefilled(routed)
+                    if not routed.prefilled:
+                        self.replicas.prefilled(routed)
                     data = pending + chunk
-                    pending = self._scan(replica, data)
+                    pending, last = self._scan(data)
+                    reported = last if last is not None else reported
                     if len(data) > len(pending):
                         yield data[:len(data) - len(pending)]
             except httpx.HTTPError as exc:
@@ -165,6 +167,8 @@ class Proxy:
             if pending:
                 yield pending
         finally:
+            if reported is not None:  # once per answer (each chunk may repeat the usage)
+                self.metrics.reported.labels(replica).inc(reported)
             with contextlib.suppress(httpx.HTTPError):
                 await resp.aclose()
             self.replicas.release(routed)
@@ -181,12 +185,19 @@ class Proxy:
                           "the answer is incomplete, retry the request",
                           type=SERVER_ERROR, code="upstream_error")
 
-    def _scan(self, replica: str, data: bytes) -> bytes:
-        """Count the usage of complete SSE events in ``data``; returns the incomplete
-        rest."""
+    @staticmethod
+    def _scan(data: bytes) -> tuple[bytes, int | None]:
+        """The incomplete rest of ``data`` after its complete SSE events, and the
+        ``cached_tokens`` of the last of them carrying a usage object (``None``: none).
+        Only events with ``"usage":{`` are parsed (``"usage":null`` chunks are not)."""
         *events, rest = data.split(b"\n\n")
+        last = None
         for ev in events:
             for line in ev.split(b"\n"):
-                if line.startswith(b"data: {") and b'"usage"' in line:
-                    self._observe_json(replica, line[6:])
-        return rest
+                if line.startswith(b"data: {") and (b'"usage":{' in line or b'"usage": {' in line):
+                    try:
+                        value = cached_tokens(json.loads(line[6:]))
+                    except ValueError:
+                        continue
+                    last = value if value is not None else last
+        return rest, last

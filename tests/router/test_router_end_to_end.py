@@ -96,6 +96,27 @@ def test_streams_pass_through_with_usage(router):
         assert all(r.running == 0 and r.queued_tokens == 0 for r in router.replicas.loads)
 
 
+def test_a_stream_with_usage_in_every_chunk_counts_its_cached_tokens_once(router):
+    prompt = unique_prompt(30)
+    body = {"model": "builtin:tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    _complete(router, prompt)  # its pages, then a streamed repeat that hits them
+    before = _metrics(router)
+    with httpx.stream("POST", router.base + "/v1/completions", headers=ALICE, json=body,
+                      timeout=60) as resp:
+        where = resp.headers["x-prefixcache-replica"]
+        chunks = [json.loads(ln[6:]) for ln in resp.iter_lines()
+                  if ln.startswith("data: {")]
+    with_usage = [c for c in chunks if c.get("usage")]
+    assert len(with_usage) >= 4  # every chunk repeats the usage
+    cached = with_usage[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == expected_hit(with_usage[-1]["usage"]["prompt_tokens"]) > 0
+    after = _metrics(router)
+    assert (labelled(after, "router_reported_cached_tokens_total", replica=where)
+            - labelled(before, "router_reported_cached_tokens_total", replica=where)) == cached
+
+
 def test_errors_are_openai_objects(router):
     r = httpx.post(router.base + "/v1/completions", json={"prompt": "x"}, timeout=10)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
