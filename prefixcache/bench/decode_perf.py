@@ -15,6 +15,8 @@ warm-up; the median and the spread (min-max) are reported:
   read bandwidth (GEMV over a 256 MiB float32 matrix), in float32 and bfloat16.
 * ``batched``: output tokens/s of 8 sequences against 1 at 1k context (from the
   ``tpot_vs_context`` rows).
+* ``kernel_ab``: decode steps of 1 and 8 sequences at 1k-8k context with attention
+  reading the pages in place (the CPU kernel, the default) against gathering them.
 * ``packed_ab``: decode steps of 1, 4 and 8 sequences at 1k context with the decoder's
   linear layers prepacked for oneDNN (:class:`~prefixcache.model.packed_linear.
   PackedLinear`, the default) against plain ``F.linear`` (packing switched off).
@@ -164,6 +166,56 @@ def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
     return rows
 
 
+def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
+              repeats: int = 5, bs: int = 16) -> list[dict]:
+    """Rows ``{seqs, ctx, in_place: {median, min, max}, gathered: {...}, ratio: {...}}``:
+    decode step seconds with attention reading pages in place (the CPU kernel of
+    :mod:`prefixcache.model.kernels.paged_decode`, the default) or gathering them into a
+    copy for SDPA (``PREFIXCACHE_DECODE_KERNEL=0``), and the paired ratio ``gathered /
+    in_place`` of each round (> 1: in place is faster). Empty when the kernel is
+    unavailable (not built, or not a CPU model)."""
+    import os
+
+    from prefixcache.model.kernels import paged_decode
+
+    if model.device.type != "cpu" or paged_decode.load() is None:
+        return []
+    before = os.environ.get("PREFIXCACHE_DECODE_KERNEL")
+    rows = []
+
+    def run(b, kv, on: bool):
+        os.environ["PREFIXCACHE_DECODE_KERNEL"] = "1" if on else "0"
+        model(b, kv)
+    try:
+        with torch.inference_mode():
+            for n, ctx in cases:
+                per = -(-ctx // bs)
+                kv = model.new_kv_pool(n * per + 1, bs)
+                pages = list(range(kv.num_pages))
+                random.Random(ctx).shuffle(pages)
+                b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
+                fns = {"in_place": partial(run, b, kv, True),
+                       "gathered": partial(run, b, kv, False)}
+                pairs: dict[str, list[float]] = {k: [] for k in fns}
+                for f in fns.values():
+                    f()
+                for _ in range(repeats):
+                    for k, f in fns.items():
+                        t0 = time.perf_counter()
+                        f()
+                        pairs[k].append(time.perf_counter() - t0)
+                ratio = [g / i for g, i in zip(pairs["gathered"], pairs["in_place"])]
+                rows.append({"seqs": n, "ctx": ctx, **{k: _spread(v) for k, v in pairs.items()},
+                             "ratio": _spread(ratio)})
+                del kv
+    finally:
+        if before is None:
+            os.environ.pop("PREFIXCACHE_DECODE_KERNEL", None)
+        else:
+            os.environ["PREFIXCACHE_DECODE_KERNEL"] = before
+    return rows
+
+
 def bandwidth_gbs(repeats: int = 5) -> dict[str, dict]:
     """Read bandwidth (GB/s) of one thread: a GEMV over a 256 MiB float32 matrix (the
     access pattern of a one-row decode step), and a plain ``sum``."""
@@ -252,6 +304,7 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     rows = tpot_vs_context(model, hf, repeats=repeats)
     del hf
     packed = packed_ab(model, repeats=max(repeats, 5))
+    in_place = kernel_ab(model, repeats=max(repeats, 5))
     bw = bandwidth_gbs()
     steps = {}
     for name in ("float32", "bfloat16"):
@@ -273,7 +326,7 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     breakdown = step_breakdown(model_dir, dtype)
     return {"tpot_vs_context": rows, "bandwidth_gbs": bw, "bandwidth_bound": bound,
             "tpot_8k_over_512": flat, "batched_8_over_1_tok_s": batched,
-            "step_breakdown": breakdown, "packed_ab": packed,
+            "step_breakdown": breakdown, "packed_ab": packed, "kernel_ab": in_place,
             "goals": {"TPOT 8k <= 1.25x TPOT 512 (1 seq)": flat["1"] <= 1.25,
                       "TPOT 8k <= 1.25x TPOT 512 (8 seqs)": flat["8"] <= 1.25,
                       "8 seqs >= 5x tokens/s of 1 at 1k": batched >= 5.0,

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from prefixcache.model.forward_batch import SeqChunk
+from prefixcache.model.kernels import paged_decode as decode_kernel
 from prefixcache.model.kv_pool import KVPool
 
 
@@ -50,11 +51,15 @@ class DecodeGroup:
         page_table: int64 ``[B, P]`` page tables padded (with each row's first page) to
             the longest, ``P`` pages.
         mask: bool ``[B, 1, 1, P * block_size]``: True where the row attends.
+        ctx_lens: int64 ``[B]`` keys each row attends (its own included).
+        window: the layers' sliding window in tokens, or ``None``.
     """
 
     rows: torch.Tensor
     page_table: torch.Tensor
     mask: torch.Tensor
+    ctx_lens: torch.Tensor
+    window: int | None = None
 
 
 @dataclass
@@ -98,13 +103,14 @@ def _plan_decode(seqs: list[SeqChunk], window: int | None, block_size: int,
     table = torch.stack([
         torch.cat([s.page_table, s.page_table[:1].expand(pages - len(s.page_table))])
         for s in seqs])
-    ctx = torch.tensor([s.ctx_len for s in seqs], device=device).view(-1, 1)
+    ctx_lens = torch.tensor([s.ctx_len for s in seqs], device=device)
+    ctx = ctx_lens.view(-1, 1)
     k_pos = torch.arange(pages * block_size, device=device).view(1, -1)
     mask = k_pos < ctx
     if window is not None:
         mask &= k_pos > ctx - 1 - window
     rows = torch.tensor([s.q_start for s in seqs], device=device)
-    return DecodeGroup(rows, table, mask.view(len(seqs), 1, 1, -1))
+    return DecodeGroup(rows, table, mask.view(len(seqs), 1, 1, -1), ctx_lens, window)
 
 
 def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.device,
@@ -148,8 +154,15 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads / kv_heads)``.
     """
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    in_place = bool(plan.decode) and decode_kernel.enabled() and decode_kernel.supports(
+        kv.k[layer], q.shape[1]) and decode_kernel.load() is not None
     for g in plan.decode:
-        _decode_attention(q, kv, layer, g, out)
+        if in_place:
+            out[g.rows] = decode_kernel.paged_decode(
+                q[g.rows], kv.k[layer], kv.v[layer], g.page_table, g.ctx_lens, g.window,
+                q.shape[-1] ** -0.5)
+        else:
+            _decode_attention(q, kv, layer, g, out)
     same_dtype = kv.k[layer].dtype == k_new.dtype
     for p in plan.seqs:
         s = p.seq

@@ -70,7 +70,8 @@ def test_cuda_grouped_decode_matches_cpu():
     torch.testing.assert_close(out["cuda"].cpu(), out["cpu"], atol=1e-3, rtol=0)
 
 
-def test_layers_and_steps_gather_into_one_reused_scratch_buffer():
+def test_layers_and_steps_gather_into_one_reused_scratch_buffer(monkeypatch):
+    monkeypatch.setenv("PREFIXCACHE_DECODE_KERNEL", "0")  # the gathering path (CUDA's)
     hf = make_hf_model("llama")
     cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
     m = PagedLlama(cfg)

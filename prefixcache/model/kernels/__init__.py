@@ -1,0 +1,1 @@
+"""Compiled CPU kernels of the paged model (built once per machine, on first use)."""

@@ -1,0 +1,179 @@
+// Paged decode attention on the CPU: one query token per sequence against its KV pages,
+// read in place from the pool (no gathered copy), with an online softmax per page.
+// Built once per machine by prefixcache/model/kernels/paged_decode.py (torch cpp_extension).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t d) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < d; ++i) s += q[i] * static_cast<float>(k[i]);
+  return s;
+}
+
+template <typename T>
+inline void axpy(float a, const T* v, float* acc, int64_t d) {
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) acc[i] += a * static_cast<float>(v[i]);
+}
+
+// Softmax state of one query head over the pages read so far.
+struct Row {
+  float m, l;  // running max of the scores, sum of exp(score - m)
+};
+
+// q: [B, Hq, D] float32; k, v: [P, bs, Hkv, D]; table: [B, maxP] int64; ctx: [B] int64.
+// out: [B, Hq, D] float32. Keys [max(0, ctx - window), ctx) are read (window <= 0: all).
+// A job is one row and a range of KV heads [h0, h1); per page, the scores of all its
+// tokens for those heads' queries come first (K read in order), then one exp per score
+// and the weighted sum of V (V read in order).
+// DC > 0: head_dim known at compile time (the inner loops unroll); 0: D at run time.
+template <typename T, int64_t DC>
+void decode(const float* q, const T* k, const T* v, const int64_t* table,
+            const int64_t* ctx, float* out, int64_t B, int64_t Hq, int64_t Hkv,
+            int64_t D_run, int64_t bs, int64_t max_pages, int64_t window, float scale) {
+  const int64_t D = DC > 0 ? DC : D_run;
+  const int64_t G = Hq / Hkv;
+  const int64_t tok_stride = Hkv * D;
+  // split heads too when there are fewer rows than threads
+  const int64_t splits = B >= at::get_num_threads() ? 1 : Hkv;
+  at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qs(Hq * D), acc(Hq * D), s(Hq * bs);
+    std::vector<Row> row(Hq);
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t b = job / splits;
+      const int64_t h0 = splits == 1 ? 0 : job % splits, h1 = splits == 1 ? Hkv : h0 + 1;
+      const int64_t r0 = h0 * G, r1 = h1 * G;  // query heads of the job
+      const int64_t n = ctx[b];
+      const int64_t start = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* qr = q + (b * Hq + r) * D;
+        for (int64_t i = 0; i < D; ++i) { qs[r * D + i] = qr[i] * scale; acc[r * D + i] = 0.f; }
+        row[r] = {-1e30f, 0.f};
+      }
+      const int64_t* pages = table + b * max_pages;
+      for (int64_t p = start / bs; p * bs < n; ++p) {
+        const int64_t t0 = std::max<int64_t>(start - p * bs, 0);
+        const int64_t t1 = std::min<int64_t>(n - p * bs, bs);
+        const T* kp = k + (pages[p] * bs) * tok_stride;
+        const T* vp = v + (pages[p] * bs) * tok_stride;
+        if ((p + 1) * bs < n) {  // pages are scattered: fetch the next one ahead
+          const char* kn = reinterpret_cast<const char*>(k + (pages[p + 1] * bs) * tok_stride);
+          const char* vn = reinterpret_cast<const char*>(v + (pages[p + 1] * bs) * tok_stride);
+          const int64_t bytes = bs * tok_stride * static_cast<int64_t>(sizeof(T));
+          for (int64_t off = 0; off < bytes; off += 64) {
+            __builtin_prefetch(kn + off);
+            __builtin_prefetch(vn + off);
+          }
+        }
+        for (int64_t t = t0; t < t1; ++t) {
+          for (int64_t h = h0; h < h1; ++h) {
+            const T* kt = kp + t * tok_stride + h * D;
+            for (int64_t g = 0; g < G; ++g) {
+              const int64_t r = h * G + g;
+              s[r * bs + t] = dot(&qs[r * D], kt, D);
+            }
+          }
+        }
+        for (int64_t r = r0; r < r1; ++r) {
+          float* sr = &s[r * bs];
+          float mx = row[r].m;
+          for (int64_t t = t0; t < t1; ++t) mx = std::max(mx, sr[t]);
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t t = t0; t < t1; ++t) {
+            sr[t] = std::exp(sr[t] - mx);
+            sum += sr[t];
+          }
+          const float corr = std::exp(row[r].m - mx);
+          row[r] = {mx, row[r].l * corr + sum};
+          if (corr != 1.f) {
+            float* ar = &acc[r * D];
+#pragma omp simd
+            for (int64_t i = 0; i < D; ++i) ar[i] *= corr;
+          }
+        }
+        for (int64_t t = t0; t < t1; ++t) {
+          for (int64_t h = h0; h < h1; ++h) {
+            const T* vt = vp + t * tok_stride + h * D;
+            for (int64_t g = 0; g < G; ++g) {
+              const int64_t r = h * G + g;
+              axpy(s[r * bs + t], vt, &acc[r * D], D);
+            }
+          }
+        }
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        float* o = out + (b * Hq + r) * D;
+        const float inv = row[r].l > 0.f ? 1.f / row[r].l : 0.f;
+        for (int64_t i = 0; i < D; ++i) o[i] = acc[r * D + i] * inv;
+      }
+    }
+  });
+}
+
+template <typename T>
+void dispatch(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, const int64_t* table,
+              const int64_t* ctx, torch::Tensor& out, int64_t B, int64_t Hq, int64_t Hkv,
+              int64_t D, int64_t bs, int64_t max_pages, int64_t window, float scale) {
+  auto run = [&](auto dc) {
+    decode<T, decltype(dc)::value>(q.data_ptr<float>(), k.data_ptr<T>(), v.data_ptr<T>(),
+                                   table, ctx, out.data_ptr<float>(), B, Hq, Hkv, D, bs,
+                                   max_pages, window, scale);
+  };
+  if (D == 64) run(std::integral_constant<int64_t, 64>{});
+  else if (D == 128) run(std::integral_constant<int64_t, 128>{});
+  else run(std::integral_constant<int64_t, 0>{});
+}
+
+}  // namespace
+
+// Attention output [B, Hq, D] (float32) of decode queries q [B, Hq, D] (float32).
+void paged_decode(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
+                  torch::Tensor page_table, torch::Tensor ctx_lens, torch::Tensor out,
+                  int64_t window, double scale) {
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && q.scalar_type() == at::kFloat &&
+              out.scalar_type() == at::kFloat, "q and out: contiguous float32");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 4 &&
+              k_pool.sizes() == v_pool.sizes() &&
+              k_pool.scalar_type() == v_pool.scalar_type(), "k_pool, v_pool: one shape");
+  TORCH_CHECK(page_table.is_contiguous() && page_table.scalar_type() == at::kLong &&
+              ctx_lens.is_contiguous() && ctx_lens.scalar_type() == at::kLong,
+              "page_table, ctx_lens: contiguous int64");
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t bs = k_pool.size(1), Hkv = k_pool.size(2);
+  TORCH_CHECK(k_pool.size(3) == D && Hq % Hkv == 0, "unsupported geometry");
+  TORCH_CHECK(page_table.size(0) == B && ctx_lens.size(0) == B, "one row per query");
+  const int64_t max_pages = page_table.size(1);
+  const int64_t* ctx = ctx_lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(ctx[b] >= 1 && ctx[b] <= max_pages * bs, "ctx_lens beyond the page table");
+  }
+  const int64_t* table = page_table.data_ptr<int64_t>();
+  const int64_t num_pages = k_pool.size(0);
+  for (int64_t i = 0; i < page_table.numel(); ++i) {
+    TORCH_CHECK(table[i] >= 0 && table[i] < num_pages, "page id outside the pool");
+  }
+  if (k_pool.scalar_type() == at::kFloat) {
+    dispatch<float>(q, k_pool, v_pool, table, ctx, out, B, Hq, Hkv, D, bs, max_pages, window,
+                    static_cast<float>(scale));
+  } else {
+    TORCH_CHECK(k_pool.scalar_type() == at::kBFloat16, "pool dtype: float32 or bfloat16");
+    dispatch<c10::BFloat16>(q, k_pool, v_pool, table, ctx, out, B, Hq, Hkv, D, bs, max_pages,
+                            window, static_cast<float>(scale));
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
+}

@@ -1,0 +1,115 @@
+"""The in-place paged decode kernel against attention over gathered pages: every row,
+padding, window, grouped-query layout and pool dtype; and the engine path that uses it."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from prefixcache.model.attention import plan_attention
+from prefixcache.model.config import ModelConfig
+from prefixcache.model.forward_batch import SeqChunk
+from prefixcache.model.kernels import paged_decode as kernel
+from prefixcache.model.llama import PagedLlama
+from prefixcache.model.weights import load_hf_weights
+from tests.helpers.hf_models import hf_logits, make_hf_model
+from tests.helpers.paged import PagedRunner, Seq
+
+
+@pytest.fixture(scope="module")
+def built():
+    if kernel.load() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the decode kernel must build in CI: {kernel.failure()}")
+        pytest.skip(f"no C++ toolchain here: {kernel.failure()}")
+    return kernel
+
+
+def reference(q, k_pool, v_pool, table, ctx, window):
+    """Plain float64 softmax attention over each row's gathered keys."""
+    out = []
+    heads, kvh = q.shape[1], k_pool.shape[2]
+    for b in range(q.shape[0]):
+        n = int(ctx[b])
+        k = k_pool[table[b]].flatten(0, 1)[:n].double()   # [n, kvh, d]
+        v = v_pool[table[b]].flatten(0, 1)[:n].double()
+        start = 0 if window is None else max(0, n - window)
+        k, v = k[start:], v[start:]
+        k = k.repeat_interleave(heads // kvh, dim=1)       # [n, heads, d]
+        v = v.repeat_interleave(heads // kvh, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[b].double(), k) * q.shape[-1] ** -0.5
+        out.append(torch.einsum("hn,nhd->hd", s.softmax(-1), v))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kvh,d,bs", [(9, 3, 64, 16), (4, 4, 32, 8), (16, 2, 128, 32)])
+@pytest.mark.parametrize("window", [None, 5, 40])
+def test_kernel_matches_softmax_attention(built, dtype, heads, kvh, d, bs, window):
+    g = torch.Generator().manual_seed(heads * 100 + d + bs)
+    pool = 40
+    k_pool = torch.randn(pool, bs, kvh, d, generator=g).to(dtype)
+    v_pool = torch.randn(pool, bs, kvh, d, generator=g).to(dtype)
+    ctx = torch.tensor([1, bs, bs + 1, 7 * bs - 3, 3])       # first token, exact pages, ragged
+    max_pages = int(-(-ctx.max() // bs)) + 2                  # padded past every context
+    table = torch.stack([torch.randperm(pool, generator=g)[:max_pages] for _ in ctx])
+    q = torch.randn(len(ctx), heads, d, generator=g).to(dtype)
+    got = built.paged_decode(q, k_pool, v_pool, table, ctx, window, d ** -0.5)
+    assert got.dtype == dtype and got.shape == q.shape
+    want = reference(q.float(), k_pool.float(), v_pool.float(), table, ctx, window)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+def test_kernel_rejects_bad_tables(built):
+    k = torch.zeros(4, 16, 1, 8)
+    q = torch.zeros(1, 1, 8)
+    with pytest.raises(RuntimeError, match="page id outside the pool"):
+        built.paged_decode(q, k, k, torch.tensor([[4]]), torch.tensor([3]), None, 1.0)
+    with pytest.raises(RuntimeError, match="ctx_lens beyond the page table"):
+        built.paged_decode(q, k, k, torch.tensor([[0]]), torch.tensor([17]), None, 1.0)
+    with pytest.raises(RuntimeError, match="ctx_lens beyond the page table"):
+        built.paged_decode(q, k, k, torch.tensor([[0]]), torch.tensor([0]), None, 1.0)
+
+
+def test_supports_names_what_it_cannot_do():
+    assert kernel.supports(torch.zeros(2, 16, 3, 64), 9)
+    assert not kernel.supports(torch.zeros(2, 16, 3, 64, dtype=torch.float16), 9)
+    assert not kernel.supports(torch.zeros(2, 16, 3, 512), 9)     # head_dim > 256
+    assert not kernel.supports(torch.zeros(2, 16, 1, 64), 32)     # 32 heads per KV head
+
+
+def test_decode_groups_carry_contexts_and_window():
+    seqs = [SeqChunk(0, 1, 40, torch.arange(3)), SeqChunk(1, 1, 33, torch.arange(3, 6))]
+    plan = plan_attention(seqs, 8, torch.device("cpu"), 16)
+    (group,) = plan.decode
+    assert group.ctx_lens.tolist() == [40, 33] and group.window == 8
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral_window"])
+def test_engine_decode_in_place_equals_gathered_and_transformers(built, kind, monkeypatch):
+    """The same steps with the kernel and with gathering: both match transformers."""
+    hf = make_hf_model(kind)
+    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": [
+        type(hf).__name__]})
+    m = PagedLlama(cfg)
+    load_hf_weights(m, hf.state_dict().__getitem__)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (150, 9, 33, 16)]
+    results = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("PREFIXCACHE_DECODE_KERNEL", mode)
+        runner = PagedRunner(m, num_pages=64)
+        seqs = [Seq() for _ in prompts]
+        for s, p in zip(seqs, prompts):
+            runner.prefill(s, p)
+        allocs = runner.kv.num_scratch_allocs
+        steps = [runner.step([(s, [t + 3]) for s in seqs]) for t in range(3)]
+        if mode == "1":  # read in place: decode gathers nothing
+            assert runner.kv.num_scratch_allocs == allocs
+        results[mode] = torch.stack([torch.stack(x) for x in steps])
+        for s, logits in zip(seqs, steps[-1]):
+            torch.testing.assert_close(logits, hf_logits(hf, s.tokens)[-1], atol=2e-4,
+                                       rtol=1e-4)
+    torch.testing.assert_close(results["1"], results["0"], atol=1e-4, rtol=1e-4)
