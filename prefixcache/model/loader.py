@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 import prefixcache.model.builtin as builtin
+import prefixcache.model.host_memory as host_memory
 import prefixcache.model.registry as registry
 from prefixcache.config import resolve_dtype
 from prefixcache.model.config import ModelConfig
@@ -112,6 +113,8 @@ def load_model(model: str, device: torch.device | str = "cpu",
             key).
     """
     dtype = resolve_dtype(dtype)
+    if torch.device(device).type == "cpu":
+        host_memory.keep_freed_memory()
     if model.startswith("builtin:"):
         if model not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {model!r}; "

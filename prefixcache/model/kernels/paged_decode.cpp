@@ -173,7 +173,3 @@ void paged_decode(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
                             window, static_cast<float>(scale));
   }
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
-}
