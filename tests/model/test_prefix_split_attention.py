@@ -1,0 +1,42 @@
+"""A prefill chunk after a cached prefix: two flash calls merged by log-sum-exp equal
+one masked SDPA call; the plan routes such chunks there on the CPU only."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prefixcache.model.attention import causal_mask, plan_attention, prefix_split_attention
+from prefixcache.model.forward_batch import SeqChunk
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kvh,prefix,n", [(9, 3, 700, 90), (4, 4, 1, 5), (8, 2, 33, 2)])
+def test_split_equals_masked_sdpa(dtype, tol, heads, kvh, prefix, n):
+    g = torch.Generator().manual_seed(prefix + n)
+    d = 32
+    q = torch.randn(n, heads, d, generator=g).to(dtype)
+    k = torch.randn(prefix + n, kvh, d, generator=g).to(dtype)
+    v = torch.randn(prefix + n, kvh, d, generator=g).to(dtype)
+    got = prefix_split_attention(q, k[:prefix], v[:prefix], k[prefix:], v[prefix:])
+    assert got.shape == (n, heads, d) and got.dtype == dtype
+    s = SeqChunk(0, n, prefix + n, torch.arange(1))
+    want = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0).float(), k.transpose(0, 1).unsqueeze(0).float(),
+        v.transpose(0, 1).unsqueeze(0).float(), attn_mask=causal_mask(s, 0, None, q.device),
+        enable_gqa=True)[0].transpose(0, 1)
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+def test_plan_splits_cpu_chunks_after_a_prefix_only():
+    chunks = [SeqChunk(0, 40, 100, torch.arange(7)),    # after a 60-token prefix: split
+              SeqChunk(40, 30, 30, torch.arange(7, 9)),  # from position 0: plain causal
+              SeqChunk(70, 1, 50, torch.arange(9, 13))]  # decode
+    plan = plan_attention(chunks, None, torch.device("cpu"), 16)
+    assert [(p.seq.q_start, p.split, p.causal, p.mask is None) for p in plan.seqs] == [
+        (0, True, False, True), (40, False, True, True)]
+    windowed = plan_attention(chunks[:1], 32, torch.device("cpu"), 16).seqs[0]
+    assert not windowed.split and windowed.mask is not None
+    assert windowed.mask.shape == (40, 100 - (60 - 32 + 1))
+    meta = plan_attention(chunks[:1], None, torch.device("meta"), 16).seqs[0]
+    assert not meta.split and meta.mask is not None  # other devices keep the masked call
