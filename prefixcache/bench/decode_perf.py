@@ -17,6 +17,8 @@ warm-up; the median and the spread (min-max) are reported:
   ``tpot_vs_context`` rows).
 * ``kernel_ab``: decode steps of 1 and 8 sequences at 1k-8k context with attention
   reading the pages in place (the CPU kernel, the default) against gathering them.
+* ``split_ab``: a prefill step of 256 new tokens over 2k and 900 over 7.5k with the
+  chunk's attention split at the cached prefix (the CPU default) against one masked call.
 * ``packed_ab``: decode steps of 1, 4 and 8 sequences at 1k context with the decoder's
   linear layers prepacked for oneDNN (:class:`~prefixcache.model.packed_linear.
   PackedLinear`, the default) against plain ``F.linear`` (packing switched off).
@@ -216,6 +218,56 @@ def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
     return rows
 
 
+def split_ab(model, cases=((256, 2048), (900, 7500)), repeats: int = 3,
+             bs: int = 16) -> list[dict]:
+    """Rows ``{new, ctx, split: {median, min, max}, masked: {...}, ratio: {...}}``: one
+    prefill step of ``new`` tokens after ``ctx - new`` cached ones, with the chunk's
+    attention as two flash calls merged by log-sum-exp
+    (:func:`~prefixcache.model.attention.prefix_split_attention`, the CPU default) or as
+    one SDPA call with a ``[new, ctx]`` mask, and the paired ratio ``masked / split``."""
+    from prefixcache.model import attention
+    from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
+
+    before = attention.SPLIT_PREFIX
+    rows = []
+
+    def run(b, kv, on: bool):
+        attention.SPLIT_PREFIX = on
+        model(b, kv)
+    try:
+        with torch.inference_mode():
+            for new, ctx in cases:
+                pages = -(-ctx // bs)
+                kv = model.new_kv_pool(pages + 1, bs)
+                for k, v in zip(kv.k, kv.v):
+                    k.normal_()
+                    v.normal_()
+                first = ctx - new
+                dev = model.device
+                g = torch.Generator().manual_seed(ctx)
+                ids = torch.randint(0, model.config.vocab_size, (new,), generator=g).to(dev)
+                b = ForwardBatch(ids, torch.arange(first, ctx, device=dev),
+                                 torch.arange(first, ctx, device=dev),
+                                 [SeqChunk(0, new, ctx, torch.arange(pages, device=dev))],
+                                 torch.tensor([new - 1], device=dev))
+                fns = {"split": partial(run, b, kv, True), "masked": partial(run, b, kv, False)}
+                pairs: dict[str, list[float]] = {k: [] for k in fns}
+                for f in fns.values():
+                    f()
+                for _ in range(repeats):
+                    for k, f in fns.items():
+                        t0 = time.perf_counter()
+                        f()
+                        pairs[k].append(time.perf_counter() - t0)
+                ratio = [m / sp for m, sp in zip(pairs["masked"], pairs["split"])]
+                rows.append({"new": new, "ctx": ctx, **{k: _spread(v) for k, v in pairs.items()},
+                             "ratio": _spread(ratio)})
+                del kv
+    finally:
+        attention.SPLIT_PREFIX = before
+    return rows
+
+
 def bandwidth_gbs(repeats: int = 5) -> dict[str, dict]:
     """Read bandwidth (GB/s) of one thread: a GEMV over a 256 MiB float32 matrix (the
     access pattern of a one-row decode step), and a plain ``sum``."""
@@ -305,6 +357,7 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     del hf
     packed = packed_ab(model, repeats=max(repeats, 5))
     in_place = kernel_ab(model, repeats=max(repeats, 5))
+    split = split_ab(model, repeats=repeats) if model.device.type == "cpu" else []
     bw = bandwidth_gbs()
     steps = {}
     for name in ("float32", "bfloat16"):
@@ -327,6 +380,7 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     return {"tpot_vs_context": rows, "bandwidth_gbs": bw, "bandwidth_bound": bound,
             "tpot_8k_over_512": flat, "batched_8_over_1_tok_s": batched,
             "step_breakdown": breakdown, "packed_ab": packed, "kernel_ab": in_place,
+            "split_ab": split,
             "goals": {"TPOT 8k <= 1.25x TPOT 512 (1 seq)": flat["1"] <= 1.25,
                       "TPOT 8k <= 1.25x TPOT 512 (8 seqs)": flat["8"] <= 1.25,
                       "8 seqs >= 5x tokens/s of 1 at 1k": batched >= 5.0,

@@ -5,8 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_tpot(res: dict, path: Path) -> None:
-    """TPOT (ms, log scale) against context, one line per implementation and batch."""
+def server_series(out_dir: Path) -> list[dict]:
+    """TPOT measured through servers (``scripts/tpot_server.py`` output files
+    ``tpot_server_*.json`` in ``out_dir``): ``[{label, rows}]``."""
+    import json
+
+    return [json.loads(f.read_text()) for f in sorted(out_dir.glob("tpot_server_*.json"))]
+
+
+def plot_tpot(res: dict, path: Path, servers: list[dict] | None = None) -> None:
+    """TPOT (ms, log scale) against context, one line per implementation and batch; the
+    ``servers`` series (per-token time through a server, streamed) dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,6 +29,14 @@ def plot_tpot(res: dict, path: Path) -> None:
         x, y, lo, hi = zip(*pts)
         ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
                     marker="o", capsize=3, label=f"{impl}, {n} seq{'s' if n > 1 else ''}")
+    for srv in servers or []:
+        for n in sorted({r["seqs"] for r in srv["rows"]}):
+            pts = sorted((r["ctx"], r["median"] * 1e3, r["min"] * 1e3, r["max"] * 1e3)
+                         for r in srv["rows"] if r["seqs"] == n)
+            x, y, lo, hi = zip(*pts)
+            ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)],
+                                    [b - a for a, b in zip(y, hi)]], marker="s", ls="--",
+                        capsize=3, label=f"{srv['label']} server, {n} seq{'s' if n > 1 else ''}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context (tokens)")
@@ -79,9 +96,33 @@ def render_markdown(res: dict, meta: dict) -> list[str]:
                          f"{p['max'] * 1e3:.0f}] | {f['median'] * 1e3:.1f} [{f['min'] * 1e3:.0f}-"
                          f"{f['max'] * 1e3:.0f}] | {q['median']:.2f}x [{q['min']:.2f}-"
                          f"{q['max']:.2f}] |")
+    if res.get("kernel_ab"):
+        lines += ["", "Decode attention reading pages in place (the CPU kernel, default) "
+                  "against gathering them for SDPA (ms per step, median [min-max]; ratio "
+                  "per round):", "",
+                  "| sequences x context | in place | gathered | gathered / in place |",
+                  "|---|---|---|---|"]
+        for r in res["kernel_ab"]:
+            a, g, q = r["in_place"], r["gathered"], r["ratio"]
+            lines.append(f"| {r['seqs']} x {r['ctx']} | {_ms(a)} | {_ms(g)} | "
+                         f"{q['median']:.2f}x [{q['min']:.2f}-{q['max']:.2f}] |")
+    if res.get("split_ab"):
+        lines += ["", "Prefill after a cached prefix: attention split at the prefix (two "
+                  "flash calls merged by log-sum-exp, CPU default) against one masked SDPA "
+                  "call (ms per step, median [min-max]; ratio per round):", "",
+                  "| new tokens over context | split | masked | masked / split |",
+                  "|---|---|---|---|"]
+        for r in res["split_ab"]:
+            a, m, q = r["split"], r["masked"], r["ratio"]
+            lines.append(f"| {r['new']} over {r['ctx']} | {_ms(a)} | {_ms(m)} | "
+                         f"{q['median']:.2f}x [{q['min']:.2f}-{q['max']:.2f}] |")
     lines += ["", "Goals: " + "; ".join(f"{k}: {'met' if ok else 'missed'}"
                                         for k, ok in res["goals"].items()), ""]
     return lines
+
+
+def _ms(r: dict) -> str:
+    return f"{r['median'] * 1e3:.1f} [{r['min'] * 1e3:.0f}-{r['max'] * 1e3:.0f}]"
 
 
 def _impls(res: dict) -> list[tuple[str, int]]:

@@ -280,7 +280,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(res, indent=2))
     results_path.write_text(json.dumps(results, indent=2))
     if "decode" in results:
-        decode_report.plot_tpot(results["decode"], out_dir / "tpot_vs_context.png")
+        decode_report.plot_tpot(results["decode"], out_dir / "tpot_vs_context.png",
+                                decode_report.server_series(out_dir))
     (out_dir / "engine.md").write_text(render_markdown(results))
     return 0
 

@@ -87,3 +87,60 @@ def test_packed_ab_measures_both_ways_and_restores_packing():
     assert [layer.qkv_proj.enabled for layer in m.decoder_layers] == before
     if before[0]:  # oneDNN present: 3-row steps packed each projection once
         assert all(layer.down_proj.num_packs == 1 for layer in m.decoder_layers)
+
+
+def _tiny_ours():
+    from prefixcache.model.config import ModelConfig
+    from prefixcache.model.llama import PagedLlama
+    from prefixcache.model.weights import load_hf_weights
+
+    hf = make_hf_model("llama")
+    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    ours = PagedLlama(cfg)
+    load_hf_weights(ours, hf.state_dict().__getitem__)
+    return ours
+
+
+def test_kernel_and_split_ab_measure_both_ways_and_restore_the_defaults(monkeypatch):
+    import os
+
+    from prefixcache.model import attention
+    from prefixcache.model.kernels import paged_decode
+
+    monkeypatch.delenv("PREFIXCACHE_DECODE_KERNEL", raising=False)
+    ours = _tiny_ours()
+    rows = decode_perf.kernel_ab(ours, cases=((2, 64),), repeats=2)
+    if paged_decode.load() is not None:  # the kernel built: both paths measured
+        assert [(r["seqs"], r["ctx"]) for r in rows] == [(2, 64)]
+        assert rows[0]["in_place"]["min"] > 0 and rows[0]["gathered"]["min"] > 0
+    assert "PREFIXCACHE_DECODE_KERNEL" not in os.environ
+    split = decode_perf.split_ab(ours, cases=((8, 40),), repeats=2)
+    assert [(r["new"], r["ctx"]) for r in split] == [(8, 40)]
+    assert split[0]["ratio"]["min"] > 0 and attention.SPLIT_PREFIX is True
+
+
+def test_report_renders_the_ab_tables_and_server_series(tmp_path):
+    import json
+
+    spread = {"median": 0.02, "min": 0.01, "max": 0.03}
+    res = {"kernel_ab": [{"seqs": 8, "ctx": 4096, "in_place": spread, "gathered": spread,
+                          "ratio": {"median": 1.5, "min": 1.4, "max": 1.6}}],
+           "split_ab": [{"new": 900, "ctx": 7500, "split": spread, "masked": spread,
+                         "ratio": {"median": 1.2, "min": 1.1, "max": 1.3}}]}
+    base = {"tpot_vs_context": [{"ctx": 512, "seqs": 1, "impl": "ours", **spread}],
+            "tpot_8k_over_512": {"1": 1.0, "8": 1.0}, "batched_8_over_1_tok_s": 1.0,
+            "step_breakdown": {"seqs": 8, "ctx": 1024, "steps_measured": 3, "host_share": 0.1,
+                               "median_s": {"total": 0.02}},
+            "bandwidth_gbs": {"gemv": spread, "sum": spread}, "bandwidth_bound": {},
+            "goals": {}}
+    meta = {"model": "m", "dtype": "float32", "threads": 1, "date": "d"}
+    text = "\n".join(decode_report.render_markdown({**base, **res}, meta))
+    assert "| 8 x 4096 | 20.0 [10-30] | 20.0 [10-30] | 1.50x [1.40-1.60] |" in text
+    assert "| 900 over 7500 | 20.0 [10-30] | 20.0 [10-30] | 1.20x [1.10-1.30] |" in text
+    (tmp_path / "tpot_server_vllm.json").write_text(json.dumps(
+        {"label": "vllm", "rows": [{"ctx": 512, "seqs": 1, **spread},
+                                   {"ctx": 1024, "seqs": 1, **spread}]}))
+    servers = decode_report.server_series(tmp_path)
+    assert [s["label"] for s in servers] == ["vllm"]
+    decode_report.plot_tpot(base, tmp_path / "p.png", servers)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
