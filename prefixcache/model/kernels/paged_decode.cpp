@@ -122,6 +122,143 @@ void decode(const float* q, const T* k, const T* v, const int64_t* table,
   });
 }
 
+
+// ---- fast path: 16-token pages, head_dim a multiple of 16 (GCC vector extensions) ----
+typedef float v16 __attribute__((vector_size(64)));
+typedef int v16i __attribute__((vector_size(64)));
+
+inline v16 load16(const float* p) {
+  v16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline v16 load16(const c10::BFloat16* p) {
+  v16 v;
+  for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(p[i]);
+  return v;
+}
+
+inline v16 splat(float x) { return v16{} + x; }
+
+constexpr int64_t kAhead = 2;  // software prefetch distance, in pages
+
+// lane j of dots16's result holds token kBitrev[j] (the reduction tree's order)
+constexpr int kBitrev[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
+// q (NC vectors) . k_t for the 16 tokens t of a page (k_t = k0 + t * stride): lanes in
+// kBitrev order. Partial vectors per token, then one transpose-and-add tree (4 levels)
+// instead of 16 separate horizontal sums.
+template <typename T, int NC>
+inline v16 dots16(const v16* q, const T* k0, int64_t stride) {
+  v16 x[16];
+  for (int t = 0; t < 16; ++t) {
+    const T* kt = k0 + t * stride;
+    v16 a = q[0] * load16(kt);
+    for (int c = 1; c < NC; ++c) a += q[c] * load16(kt + 16 * c);
+    x[t] = a;
+  }
+  const v16i l1a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const v16i l1b = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const v16i l2a = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+  const v16i l2b = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+  const v16i l3a = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+  const v16i l3b = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+  const v16i l4a = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+  const v16i l4b = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+  v16 z[8], w[4], u[2];
+  for (int i = 0; i < 8; ++i)
+    z[i] = __builtin_shuffle(x[2 * i], x[2 * i + 1], l1a) +
+           __builtin_shuffle(x[2 * i], x[2 * i + 1], l1b);
+  for (int i = 0; i < 4; ++i)
+    w[i] = __builtin_shuffle(z[2 * i], z[2 * i + 1], l2a) +
+           __builtin_shuffle(z[2 * i], z[2 * i + 1], l2b);
+  for (int i = 0; i < 2; ++i)
+    u[i] = __builtin_shuffle(w[2 * i], w[2 * i + 1], l3a) +
+           __builtin_shuffle(w[2 * i], w[2 * i + 1], l3b);
+  return __builtin_shuffle(u[0], u[1], l4a) + __builtin_shuffle(u[0], u[1], l4b);
+}
+
+template <typename T, int64_t D>
+void decode16(const float* q, const T* k, const T* v, const int64_t* table,
+              const int64_t* ctx, float* out, int64_t B, int64_t Hq, int64_t Hkv,
+              int64_t max_pages, int64_t window, float scale) {
+  constexpr int NC = static_cast<int>(D / 16);
+  constexpr int64_t bs = 16;
+  const int64_t G = Hq / Hkv;
+  const int64_t tok_stride = Hkv * D;
+  const int64_t splits = B >= at::get_num_threads() ? 1 : Hkv;
+  at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<v16> qv(Hq * NC), acc(Hq * NC);
+    std::vector<Row> row(Hq);
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t b = job / splits;
+      const int64_t h0 = splits == 1 ? 0 : job % splits, h1 = splits == 1 ? Hkv : h0 + 1;
+      const int64_t n = ctx[b];
+      const int64_t start = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+      for (int64_t r = h0 * G; r < h1 * G; ++r) {
+        const float* qr = q + (b * Hq + r) * D;
+        for (int c = 0; c < NC; ++c) {
+          qv[r * NC + c] = load16(qr + 16 * c) * splat(scale);
+          acc[r * NC + c] = v16{};
+        }
+        row[r] = {-1e30f, 0.f};
+      }
+      const int64_t* pages = table + b * max_pages;
+      for (int64_t p = start / bs; p * bs < n; ++p) {
+        const int64_t t0 = std::max<int64_t>(start - p * bs, 0);
+        const int64_t t1 = std::min<int64_t>(n - p * bs, bs);
+        const T* kp = k + (pages[p] * bs) * tok_stride;
+        const T* vp = v + (pages[p] * bs) * tok_stride;
+        if ((p + kAhead) * bs < n) {  // pages are scattered: fetch one kAhead pages on
+          const int64_t next = pages[p + kAhead] * bs * tok_stride + h0 * D;
+          const char* kn = reinterpret_cast<const char*>(k + next);
+          const char* vn = reinterpret_cast<const char*>(v + next);
+          for (int64_t t = 0; t < bs; ++t) {
+            for (int64_t off = 0; off < (h1 - h0) * D * int64_t(sizeof(T)); off += 64) {
+              __builtin_prefetch(kn + t * tok_stride * int64_t(sizeof(T)) + off);
+              __builtin_prefetch(vn + t * tok_stride * int64_t(sizeof(T)) + off);
+            }
+          }
+        }
+        for (int64_t h = h0; h < h1; ++h) {
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = h * G + g;
+            float lanes[16], e[16];
+            const v16 sv = dots16<T, NC>(&qv[r * NC], kp + h * D, tok_stride);
+            __builtin_memcpy(lanes, &sv, sizeof(lanes));
+            float mx = row[r].m;
+            for (int64_t t = t0; t < t1; ++t) mx = std::max(mx, lanes[kBitrev[t]]);
+            float sum = 0.f;
+            for (int64_t t = t0; t < t1; ++t) {
+              e[t] = std::exp(lanes[kBitrev[t]] - mx);
+              sum += e[t];
+            }
+            const float corr = std::exp(row[r].m - mx);
+            row[r] = {mx, row[r].l * corr + sum};
+            v16 a[NC];
+            for (int c = 0; c < NC; ++c) a[c] = acc[r * NC + c] * splat(corr);
+            for (int64_t t = t0; t < t1; ++t) {
+              const T* vt = vp + t * tok_stride + h * D;
+              const v16 et = splat(e[t]);
+              for (int c = 0; c < NC; ++c) a[c] += et * load16(vt + 16 * c);
+            }
+            for (int c = 0; c < NC; ++c) acc[r * NC + c] = a[c];
+          }
+        }
+      }
+      for (int64_t r = h0 * G; r < h1 * G; ++r) {
+        float* o = out + (b * Hq + r) * D;
+        const float inv = row[r].l > 0.f ? 1.f / row[r].l : 0.f;
+        for (int c = 0; c < NC; ++c) {
+          const v16 y = acc[r * NC + c] * splat(inv);
+          __builtin_memcpy(o + 16 * c, &y, sizeof(y));
+        }
+      }
+    }
+  });
+}
+
 template <typename T>
 void dispatch(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, const int64_t* table,
               const int64_t* ctx, torch::Tensor& out, int64_t B, int64_t Hq, int64_t Hkv,
@@ -131,7 +268,14 @@ void dispatch(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, const int64_
                                    table, ctx, out.data_ptr<float>(), B, Hq, Hkv, D, bs,
                                    max_pages, window, scale);
   };
-  if (D == 64) run(std::integral_constant<int64_t, 64>{});
+  auto run16 = [&](auto dc) {
+    decode16<T, decltype(dc)::value>(q.data_ptr<float>(), k.data_ptr<T>(), v.data_ptr<T>(),
+                                     table, ctx, out.data_ptr<float>(), B, Hq, Hkv, max_pages,
+                                     window, scale);
+  };
+  if (bs == 16 && D == 64) run16(std::integral_constant<int64_t, 64>{});
+  else if (bs == 16 && D == 128) run16(std::integral_constant<int64_t, 128>{});
+  else if (D == 64) run(std::integral_constant<int64_t, 64>{});
   else if (D == 128) run(std::integral_constant<int64_t, 128>{});
   else run(std::integral_constant<int64_t, 0>{});
 }
