@@ -18,6 +18,7 @@ import prefixcache.model.host_memory as host_memory
 import prefixcache.model.registry as registry
 from prefixcache.config import resolve_dtype
 from prefixcache.model.config import ModelConfig
+from prefixcache.model.kernels import build as kernels
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.weights import check_hf_keys, load_hf_weights
 from prefixcache.text.loading import tokenizer_for_model
@@ -115,6 +116,7 @@ def load_model(model: str, device: torch.device | str = "cpu",
     dtype = resolve_dtype(dtype)
     if torch.device(device).type == "cpu":
         host_memory.keep_freed_memory()
+        kernels.load()  # built once per machine (about 30 s), not in the first decode step
     if model.startswith("builtin:"):
         if model not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {model!r}; "
