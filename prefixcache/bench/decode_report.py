@@ -21,7 +21,7 @@ def plot_tpot(res: dict, path: Path, servers: list[dict] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
     rows = res["tpot_vs_context"]
     for impl, n in sorted({(r["impl"], r["seqs"]) for r in rows}):
         pts = sorted((r["ctx"], r["median"] * 1e3, r["min"] * 1e3, r["max"] * 1e3)
@@ -43,7 +43,7 @@ def plot_tpot(res: dict, path: Path, servers: list[dict] | None = None) -> None:
     ax.set_ylabel("time per decode step (ms)")
     ax.set_title("Decode step vs context (median, min-max bars)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

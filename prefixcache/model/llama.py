@@ -139,6 +139,13 @@ class PagedLlama(nn.Module):
         ``nn.Module``s to a type checker)."""
         return cast(list[DecoderLayer], list(self.layers))
 
+    def prepack(self) -> int:
+        """Pack every :class:`PackedLinear` now (the loader calls it, so the first request
+        does not pay for it); returns how many are packed (0 off float32 CPU)."""
+        projs = [p for layer in self.decoder_layers
+                 for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+        return sum(p.prepack() for p in [*projs, self._lm_head])
+
     def new_kv_pool(self, num_pages: int, block_size: int = 16) -> KVPool:
         """A zeroed :class:`KVPool` matching this model's geometry, dtype and device."""
         c = self.config

@@ -132,6 +132,7 @@ def load_model(model: str, device: torch.device | str = "cpu",
     net = PagedLlama(config, device, dtype)
     load_weights(net, files)
     net.eval()
+    net.prepack()
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
     cache_id = f"gguf:{path.name}" if registry.is_converted(path) else ""
     return LoadedModel(net, config, tokenizer, model.rstrip("/") or model,

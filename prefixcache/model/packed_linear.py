@@ -42,17 +42,26 @@ class PackedLinear:
                         and torch.backends.mkldnn.is_available()
                         and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.enabled or x.shape[0] < 2 or x.dtype != torch.float32 or x.dim() != 2:
-            return F.linear(x, self.weight, self.bias)
+    def prepack(self) -> bool:
+        """Make the packed copy now (at load) instead of in the first multi-row call;
+        ``False`` when packing does not apply (not a float32 CPU weight, no oneDNN)."""
+        if not self.enabled:
+            return False
         if self._packed is None or self._version != self.weight._version:
             try:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(),
                                                                        BATCH_HINT)
             except RuntimeError:  # an oneDNN build without this path: stay on F.linear
                 self.enabled = False
-                return F.linear(x, self.weight, self.bias)
+                return False
             self._version = self.weight._version
             self.num_packs += 1
+        return True
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled or x.shape[0] < 2 or x.dtype != torch.float32 or x.dim() != 2:
+            return F.linear(x, self.weight, self.bias)
+        if not self.prepack():
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
                                                   "none", [], "")

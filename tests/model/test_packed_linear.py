@@ -70,3 +70,22 @@ def test_decoder_layers_pack_each_projection_once_over_many_steps():
              for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
     assert len(projs) == 4 * cfg.num_hidden_layers
     assert [p.num_packs for p in projs] == [1 if p.enabled else 0 for p in projs]
+
+
+def test_load_model_packs_before_the_first_request(tmp_path):
+    import torch
+
+    from prefixcache.model.loader import load_model
+    from tests.helpers.hf_models import make_hf_model, save_hf_model
+    from tests.helpers.paged import PagedRunner, Seq
+
+    m = load_model(str(save_hf_model(make_hf_model("llama"), tmp_path / "m")), "cpu",
+                   torch.float32).model
+    projs = [p for layer in m.decoder_layers
+             for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+    packed = [1 if p.enabled else 0 for p in projs]
+    assert [p.num_packs for p in projs] == packed        # at load, not on first use
+    PagedRunner(m, num_pages=8).step([(Seq(), list(range(3, 23)))])  # a 20-row prefill
+    assert [p.num_packs for p in projs] == packed        # no second pack
+    assert m.prepack() == sum(packed) + (1 if m._lm_head.enabled else 0)
+    assert [p.num_packs for p in projs] == packed        # already packed: nothing redone
