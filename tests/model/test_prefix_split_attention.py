@@ -6,7 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefixcache.model.attention import causal_mask, plan_attention, prefix_split_attention
+from prefixcache.model.attention import (
+    SPLIT_MIN_WORK,
+    causal_mask,
+    plan_attention,
+    prefix_split_attention,
+)
 from prefixcache.model.forward_batch import SeqChunk
 
 
@@ -29,14 +34,39 @@ def test_split_equals_masked_sdpa(dtype, tol, heads, kvh, prefix, n):
 
 
 def test_plan_splits_cpu_chunks_after_a_prefix_only():
-    chunks = [SeqChunk(0, 40, 100, torch.arange(7)),    # after a 60-token prefix: split
-              SeqChunk(40, 30, 30, torch.arange(7, 9)),  # from position 0: plain causal
-              SeqChunk(70, 1, 50, torch.arange(9, 13))]  # decode
+    chunks = [SeqChunk(0, 300, 600, torch.arange(38)),    # 300 new x 300 cached: split
+              SeqChunk(300, 30, 30, torch.arange(38, 40)),  # from position 0: plain causal
+              SeqChunk(330, 40, 100, torch.arange(40, 47)),  # 40 x 60: below SPLIT_MIN_WORK
+              SeqChunk(370, 1, 50, torch.arange(47, 51))]   # decode
+    assert 300 * 300 >= SPLIT_MIN_WORK > 40 * 60
     plan = plan_attention(chunks, None, torch.device("cpu"), 16)
     assert [(p.seq.q_start, p.split, p.causal, p.mask is None) for p in plan.seqs] == [
-        (0, True, False, True), (40, False, True, True)]
+        (0, True, False, True), (300, False, True, True), (330, False, False, False)]
     windowed = plan_attention(chunks[:1], 32, torch.device("cpu"), 16).seqs[0]
     assert not windowed.split and windowed.mask is not None
-    assert windowed.mask.shape == (40, 100 - (60 - 32 + 1))
+    assert windowed.mask.shape == (300, 600 - (300 - 32 + 1))
     meta = plan_attention(chunks[:1], None, torch.device("meta"), 16).seqs[0]
     assert not meta.split and meta.mask is not None  # other devices keep the masked call
+
+
+def test_engine_prefill_after_a_prefix_takes_the_split_and_matches_transformers():
+    from prefixcache.model.config import ModelConfig
+    from prefixcache.model.llama import PagedLlama
+    from prefixcache.model.weights import load_hf_weights
+    from tests.helpers.hf_models import hf_logits, make_hf_model
+    from tests.helpers.paged import PagedRunner, Seq
+
+    hf = make_hf_model("llama")
+    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    m = PagedLlama(cfg)
+    load_hf_weights(m, hf.state_dict().__getitem__)
+    runner = PagedRunner(m, num_pages=64)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 256, (520,), generator=g).tolist()
+    seq = Seq()
+    runner.prefill(seq, ids[:260])
+    chunk = plan_attention([SeqChunk(0, 260, 520, torch.arange(33))], None,
+                           torch.device("cpu"), 16).seqs[0]
+    assert chunk.split  # 260 new over 260 cached
+    got = runner.step([(seq, ids[260:])])[0]
+    torch.testing.assert_close(got, hf_logits(hf, ids)[-1], atol=2e-4, rtol=1e-4)
