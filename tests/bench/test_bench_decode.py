@@ -90,15 +90,9 @@ def test_packed_ab_measures_both_ways_and_restores_packing():
 
 
 def _tiny_ours():
-    from prefixcache.model.config import ModelConfig
-    from prefixcache.model.llama import PagedLlama
-    from prefixcache.model.weights import load_hf_weights
+    from tests.helpers.paged import paged_copy
 
-    hf = make_hf_model("llama")
-    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
-    ours = PagedLlama(cfg)
-    load_hf_weights(ours, hf.state_dict().__getitem__)
-    return ours
+    return paged_copy(make_hf_model("llama"))
 
 
 def test_kernel_and_split_ab_measure_both_ways_and_restore_the_defaults(monkeypatch):

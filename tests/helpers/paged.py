@@ -10,9 +10,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from prefixcache.model.config import ModelConfig
 from prefixcache.model.deterministic import forward_deterministic
 from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
-from prefixcache.model.llama import forward_default
+from prefixcache.model.llama import PagedLlama, forward_default
+from prefixcache.model.weights import load_hf_weights
+
+
+def paged_copy(hf) -> PagedLlama:
+    """A float32 CPU ``PagedLlama`` with the config and weights of HF model ``hf``."""
+    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": [type(hf).__name__]})
+    m = PagedLlama(cfg)
+    load_hf_weights(m, hf.state_dict().__getitem__)
+    return m
 
 
 @dataclass

@@ -8,13 +8,10 @@ import pytest
 import torch
 
 from prefixcache.model.attention import plan_attention
-from prefixcache.model.config import ModelConfig
 from prefixcache.model.forward_batch import SeqChunk
 from prefixcache.model.kernels import paged_decode as kernel
-from prefixcache.model.llama import PagedLlama
-from prefixcache.model.weights import load_hf_weights
 from tests.helpers.hf_models import hf_logits, make_hf_model
-from tests.helpers.paged import PagedRunner, Seq
+from tests.helpers.paged import PagedRunner, Seq, paged_copy
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +88,7 @@ def test_decode_groups_carry_contexts_and_window():
 def test_engine_decode_in_place_equals_gathered_and_transformers(built, kind, monkeypatch):
     """The same steps with the kernel and with gathering: both match transformers."""
     hf = make_hf_model(kind)
-    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": [
-        type(hf).__name__]})
-    m = PagedLlama(cfg)
-    load_hf_weights(m, hf.state_dict().__getitem__)
+    m = paged_copy(hf)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (150, 9, 33, 16)]
     results = {}

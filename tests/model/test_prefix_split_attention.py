@@ -50,17 +50,11 @@ def test_plan_splits_cpu_chunks_after_a_prefix_only():
 
 
 def test_engine_prefill_after_a_prefix_takes_the_split_and_matches_transformers():
-    from prefixcache.model.config import ModelConfig
-    from prefixcache.model.llama import PagedLlama
-    from prefixcache.model.weights import load_hf_weights
     from tests.helpers.hf_models import hf_logits, make_hf_model
-    from tests.helpers.paged import PagedRunner, Seq
+    from tests.helpers.paged import PagedRunner, Seq, paged_copy
 
     hf = make_hf_model("llama")
-    cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
-    m = PagedLlama(cfg)
-    load_hf_weights(m, hf.state_dict().__getitem__)
-    runner = PagedRunner(m, num_pages=64)
+    runner = PagedRunner(paged_copy(hf), num_pages=64)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 256, (520,), generator=g).tolist()
     seq = Seq()
