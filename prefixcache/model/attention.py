@@ -60,14 +60,16 @@ class DecodeGroup:
         rows: int64 ``[B]`` query rows in the step.
         page_table: int64 ``[B, P]`` page tables padded (with each row's first page) to
             the longest, ``P`` pages.
-        mask: bool ``[B, 1, 1, P * block_size]``: True where the row attends.
+        mask: bool ``[B, 1, 1, P * block_size]``: True where the row attends; ``None`` when
+            the group is read in place by the decode kernel (which needs only ``ctx_lens``
+            and ``window``).
         ctx_lens: int64 ``[B]`` keys each row attends (its own included).
         window: the layers' sliding window in tokens, or ``None``.
     """
 
     rows: torch.Tensor
     page_table: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     ctx_lens: torch.Tensor
     window: int | None = None
 
@@ -113,34 +115,39 @@ def decode_groups(seqs: list[SeqChunk]) -> list[list[SeqChunk]]:
 
 
 def _plan_decode(seqs: list[SeqChunk], window: int | None, block_size: int,
-                 device: torch.device) -> DecodeGroup:
+                 device: torch.device, in_place: bool) -> DecodeGroup:
     pages = max(len(s.page_table) for s in seqs)
     table = torch.stack([
         torch.cat([s.page_table, s.page_table[:1].expand(pages - len(s.page_table))])
         for s in seqs])
     ctx_lens = torch.tensor([s.ctx_len for s in seqs], device=device)
+    rows = torch.tensor([s.q_start for s in seqs], device=device)
+    if in_place:
+        return DecodeGroup(rows, table, None, ctx_lens, window)
     ctx = ctx_lens.view(-1, 1)
     k_pos = torch.arange(pages * block_size, device=device).view(1, -1)
     mask = k_pos < ctx
     if window is not None:
         mask &= k_pos > ctx - 1 - window
-    rows = torch.tensor([s.q_start for s in seqs], device=device)
     return DecodeGroup(rows, table, mask.view(len(seqs), 1, 1, -1), ctx_lens, window)
 
 
 def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.device,
-                   block_size: int | None = None) -> AttentionPlan:
+                   block_size: int | None = None, in_place: bool = False) -> AttentionPlan:
     """Masks of a step for layers with attention window ``window`` (tokens, or ``None``).
 
     The query at position ``p`` sees keys ``j`` with ``j <= p`` and, with a window,
     ``j > p - window``. With ``block_size`` given, the decode rows of sequences whose
     keys are not all new are batched (:class:`DecodeGroup` per :func:`decode_groups`,
     even for one sequence: its grouped-query layout is faster than ``enable_gqa``).
+    ``in_place``: the step's decode groups are read by the decode kernel (see
+    :func:`decode_in_place`), so their gather masks are not built.
     """
     decode = [s for s in seqs if s.q_len == 1 and s.ctx_len > 1]
     groups = []
     if block_size is not None and decode:
-        groups = [_plan_decode(g, window, block_size, device) for g in decode_groups(decode)]
+        groups = [_plan_decode(g, window, block_size, device, in_place)
+                  for g in decode_groups(decode)]
         batched = {id(s) for s in decode}
         seqs = [s for s in seqs if id(s) not in batched]
     plans = []
@@ -158,6 +165,13 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
         plans.append(SeqAttention(s, key_start, False, causal_mask(s, key_start, window,
                                                                   device)))
     return AttentionPlan(plans, groups)
+
+
+def decode_in_place(kv: KVPool, num_heads: int) -> bool:
+    """Whether a step's decode rows are read in place by the CPU kernel (decided once per
+    step: the pool's device, dtype and geometry, the switches, and the built kernel)."""
+    return (decode_kernel.enabled() and decode_kernel.supports(kv.k[0], num_heads)
+            and decode_kernel.load() is not None)
 
 
 def causal_mask(s: SeqChunk, key_start: int, window: int | None, device: torch.device
@@ -182,10 +196,8 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
     Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads / kv_heads)``.
     """
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    in_place = bool(plan.decode) and decode_kernel.enabled() and decode_kernel.supports(
-        kv.k[layer], q.shape[1]) and decode_kernel.load() is not None
     for g in plan.decode:
-        if in_place:
+        if g.mask is None:  # planned for the kernel (decode_in_place)
             out[g.rows] = decode_kernel.paged_decode(
                 q[g.rows], kv.k[layer], kv.v[layer], g.page_table, g.ctx_lens, g.window,
                 q.shape[-1] ** -0.5)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prefixcache.model.attention import paged_attention, plan_attention
+from prefixcache.model.attention import decode_in_place, paged_attention, plan_attention
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kv_pool import KVPool
@@ -181,7 +181,8 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
         return torch.empty(0, cfg.vocab_size, device=model.device)
     x = F.embedding(batch.input_ids, model.embed)
     cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
-    plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size)
+    in_place = decode_in_place(kv, cfg.num_attention_heads)
+    plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size, in_place)
              for w in set(cfg.layer_sliding_windows)}
     for i, layer in enumerate(model.decoder_layers):
         q, k, v = layer.qkv(x, cos, sin)

@@ -82,6 +82,10 @@ def test_decode_groups_carry_contexts_and_window():
     plan = plan_attention(seqs, 8, torch.device("cpu"), 16)
     (group,) = plan.decode
     assert group.ctx_lens.tolist() == [40, 33] and group.window == 8
+    assert group.mask is not None and group.mask.shape == (2, 1, 1, 48)
+    (kernel_group,) = plan_attention(seqs, 8, torch.device("cpu"), 16, in_place=True).decode
+    assert kernel_group.mask is None  # the kernel needs no gather mask: none is built
+    assert torch.equal(kernel_group.page_table, group.page_table)
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral_window"])
