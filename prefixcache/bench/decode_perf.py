@@ -58,6 +58,23 @@ def _interleaved(fns: dict[str, Callable[[], object]], repeats: int,
     return {k: _spread(v) for k, v in times.items()}
 
 
+def _paired(default: Callable[[], object], other: Callable[[], object], repeats: int,
+            names: tuple[str, str]) -> dict[str, dict]:
+    """``{names[0]: spread, names[1]: spread, "ratio": spread}`` (seconds): ``default``
+    and ``other`` run once each to warm up, then in ``repeats`` interleaved rounds; the
+    ratio is ``other / default`` of each round (> 1: the default is faster)."""
+    default()
+    other()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, out in ((default, times[0]), (other, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return {names[0]: _spread(times[0]), names[1]: _spread(times[1]),
+            "ratio": _spread([o / d for d, o in zip(*times)])}
+
+
 def _decode_batch(nseq: int, ctx: int, pages: list[int], bs: int, vocab: int,
                   device: torch.device | str = "cpu"):
     from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
@@ -150,18 +167,8 @@ def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
         with torch.inference_mode():
             for n in seqs:
                 b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
-                fns = {"packed": partial(run, b, True), "f_linear": partial(run, b, False)}
-                pairs: dict[str, list[float]] = {k: [] for k in fns}
-                for f in fns.values():
-                    f()
-                for _ in range(repeats):
-                    for k, f in fns.items():
-                        t0 = time.perf_counter()
-                        f()
-                        pairs[k].append(time.perf_counter() - t0)
-                ratio = [a / b for a, b in zip(pairs["f_linear"], pairs["packed"])]
-                rows.append({"seqs": n, **{k: _spread(v) for k, v in pairs.items()},
-                             "ratio": _spread(ratio)})
+                rows.append({"seqs": n, **_paired(partial(run, b, True), partial(run, b, False),
+                                                  repeats, ("packed", "f_linear"))})
     finally:
         for p, e in zip(projs, enabled):
             p.enabled = e
@@ -196,19 +203,9 @@ def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
                 pages = list(range(kv.num_pages))
                 random.Random(ctx).shuffle(pages)
                 b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
-                fns = {"in_place": partial(run, b, kv, True),
-                       "gathered": partial(run, b, kv, False)}
-                pairs: dict[str, list[float]] = {k: [] for k in fns}
-                for f in fns.values():
-                    f()
-                for _ in range(repeats):
-                    for k, f in fns.items():
-                        t0 = time.perf_counter()
-                        f()
-                        pairs[k].append(time.perf_counter() - t0)
-                ratio = [g / i for g, i in zip(pairs["gathered"], pairs["in_place"])]
-                rows.append({"seqs": n, "ctx": ctx, **{k: _spread(v) for k, v in pairs.items()},
-                             "ratio": _spread(ratio)})
+                rows.append({"seqs": n, "ctx": ctx,
+                             **_paired(partial(run, b, kv, True), partial(run, b, kv, False),
+                                       repeats, ("in_place", "gathered"))})
                 del kv
     finally:
         if before is None:
@@ -250,18 +247,9 @@ def split_ab(model, cases=((256, 2048), (900, 7500)), repeats: int = 3,
                                  torch.arange(first, ctx, device=dev),
                                  [SeqChunk(0, new, ctx, torch.arange(pages, device=dev))],
                                  torch.tensor([new - 1], device=dev))
-                fns = {"split": partial(run, b, kv, True), "masked": partial(run, b, kv, False)}
-                pairs: dict[str, list[float]] = {k: [] for k in fns}
-                for f in fns.values():
-                    f()
-                for _ in range(repeats):
-                    for k, f in fns.items():
-                        t0 = time.perf_counter()
-                        f()
-                        pairs[k].append(time.perf_counter() - t0)
-                ratio = [m / sp for m, sp in zip(pairs["masked"], pairs["split"])]
-                rows.append({"new": new, "ctx": ctx, **{k: _spread(v) for k, v in pairs.items()},
-                             "ratio": _spread(ratio)})
+                rows.append({"new": new, "ctx": ctx,
+                             **_paired(partial(run, b, kv, True), partial(run, b, kv, False),
+                                       repeats, ("split", "masked"))})
                 del kv
     finally:
         attention.SPLIT_PREFIX = before

@@ -2,6 +2,7 @@
 the Markdown section of ``engine.md`` and the TPOT-vs-context plot."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -86,39 +87,37 @@ def render_markdown(res: dict, meta: dict) -> list[str]:
         lines.append(f"| {k} | {v['weight_bytes'] / 1e6:.0f} MB | {v['bound_s'] * 1e3:.1f} ms | "
                      f"{s['median'] * 1e3:.1f} ms [{s['min'] * 1e3:.1f}-{s['max'] * 1e3:.1f}] | "
                      f"{s['median'] / v['bound_s']:.2f}x |")
-    if res.get("packed_ab"):
-        lines += ["", "Decoder linears prepacked (default) against plain `F.linear`, 1k "
-                  "context (ms per step, median [min-max]; ratio per round):", "",
-                  "| sequences | packed | F.linear | F.linear / packed |", "|---|---|---|---|"]
-        for r in res["packed_ab"]:
-            p, f, q = r["packed"], r["f_linear"], r["ratio"]
-            lines.append(f"| {r['seqs']} | {p['median'] * 1e3:.1f} [{p['min'] * 1e3:.0f}-"
-                         f"{p['max'] * 1e3:.0f}] | {f['median'] * 1e3:.1f} [{f['min'] * 1e3:.0f}-"
-                         f"{f['max'] * 1e3:.0f}] | {q['median']:.2f}x [{q['min']:.2f}-"
-                         f"{q['max']:.2f}] |")
-    if res.get("kernel_ab"):
-        lines += ["", "Decode attention reading pages in place (the CPU kernel, default) "
-                  "against gathering them for SDPA (ms per step, median [min-max]; ratio "
-                  "per round):", "",
-                  "| sequences x context | in place | gathered | gathered / in place |",
-                  "|---|---|---|---|"]
-        for r in res["kernel_ab"]:
-            a, g, q = r["in_place"], r["gathered"], r["ratio"]
-            lines.append(f"| {r['seqs']} x {r['ctx']} | {_ms(a)} | {_ms(g)} | "
-                         f"{q['median']:.2f}x [{q['min']:.2f}-{q['max']:.2f}] |")
-    if res.get("split_ab"):
-        lines += ["", "Prefill after a cached prefix: attention split at the prefix (two "
-                  "flash calls merged by log-sum-exp, CPU default) against one masked SDPA "
-                  "call (ms per step, median [min-max]; ratio per round):", "",
-                  "| new tokens over context | split | masked | masked / split |",
-                  "|---|---|---|---|"]
-        for r in res["split_ab"]:
-            a, m, q = r["split"], r["masked"], r["ratio"]
-            lines.append(f"| {r['new']} over {r['ctx']} | {_ms(a)} | {_ms(m)} | "
-                         f"{q['median']:.2f}x [{q['min']:.2f}-{q['max']:.2f}] |")
+    lines += _ab_table(res.get("packed_ab"), "Decoder linears prepacked (default) against "
+                       "plain `F.linear`, 1k context", ("sequences", "packed", "F.linear"),
+                       lambda r: f"{r['seqs']}", "packed", "f_linear")
+    lines += _ab_table(res.get("kernel_ab"), "Decode attention reading pages in place (the "
+                       "CPU kernel, default) against gathering them for SDPA",
+                       ("sequences x context", "in place", "gathered"),
+                       lambda r: f"{r['seqs']} x {r['ctx']}", "in_place", "gathered")
+    lines += _ab_table(res.get("split_ab"), "Prefill after a cached prefix: attention split "
+                       "at the prefix (two flash calls merged by log-sum-exp, CPU default) "
+                       "against one masked SDPA call",
+                       ("new tokens over context", "split", "masked"),
+                       lambda r: f"{r['new']} over {r['ctx']}", "split", "masked")
     lines += ["", "Goals: " + "; ".join(f"{k}: {'met' if ok else 'missed'}"
                                         for k, ok in res["goals"].items()), ""]
     return lines
+
+
+def _ab_table(rows: list[dict] | None, title: str, heads: tuple[str, str, str],
+              label: Callable[[dict], str], default: str, other: str) -> list[str]:
+    """A paired A/B table (ms per step, median [min-max]; the per-round ratio other /
+    default), or nothing without rows."""
+    if not rows:
+        return []
+    out = ["", f"{title} (ms per step, median [min-max]; ratio per round):", "",
+           f"| {heads[0]} | {heads[1]} | {heads[2]} | {heads[2]} / {heads[1]} |",
+           "|---|---|---|---|"]
+    for r in rows:
+        q = r["ratio"]
+        out.append(f"| {label(r)} | {_ms(r[default])} | {_ms(r[other])} | "
+                   f"{q['median']:.2f}x [{q['min']:.2f}-{q['max']:.2f}] |")
+    return out
 
 
 def _ms(r: dict) -> str:
