@@ -21,6 +21,17 @@ def replica(url: str, **kw) -> LLM:
     return LLM("builtin:tiny", num_pages=64, kv_store_url=url, **kw)
 
 
+
+def _lock_first_page_and_wait(b, leader) -> None:
+    """``leader`` (another replica) locks the first page of prompt ``P``; ``b`` gets the
+    request and, after one step, waits on that lock instead of computing."""
+    pt = b.engine.cache.new_page_table("probe", P)
+    first = b.engine.cache.page_hashes(pt, 1)[0]
+    b.engine.cache.free(pt)
+    assert leader.try_lock(first, 60_000)
+    b.engine.add_request("r1", P, G)
+    assert b.engine.step() == [] and b.engine.shared.waiting == 1
+
 def run(llm: LLM, prompt: list[int], tenant: str | None = None):
     return llm.generate([{"prompt_token_ids": prompt}], G, tenant=tenant)[0]
 
@@ -97,12 +108,7 @@ def test_a_follower_computes_itself_when_the_leader_never_delivers(url):
     clock = [0.0]
     b.engine.shared.clock = lambda: clock[0]
     try:
-        pt = b.engine.cache.new_page_table("probe", P)
-        first = b.engine.cache.page_hashes(pt, 1)[0]
-        b.engine.cache.free(pt)
-        assert leader.try_lock(first, 60_000)
-        b.engine.add_request("r1", P, G)
-        assert b.engine.step() == [] and b.engine.shared.waiting == 1
+        _lock_first_page_and_wait(b, leader)
         clock[0] = 5.0  # past kv_store_lock_wait_s
         outs = []
         while b.engine.has_unfinished_requests():
@@ -123,12 +129,7 @@ def test_a_follower_waits_no_longer_than_recomputing_would_take(url):
     b.engine.shared.clock = lambda: 100.0
     b.engine.shared.estimates.prefill_s_per_token = 0.001  # 1 ms per token, measured
     try:
-        pt = b.engine.cache.new_page_table("probe", P)
-        first = b.engine.cache.page_hashes(pt, 1)[0]
-        b.engine.cache.free(pt)
-        assert leader.try_lock(first, 60_000)
-        b.engine.add_request("r1", P, G)
-        assert b.engine.step() == [] and b.engine.shared.waiting == 1
+        _lock_first_page_and_wait(b, leader)
         (wait,) = b.engine.shared._waits.values()
         assert wait.deadline - 100.0 == pytest.approx(HIT * 0.001)  # the recompute estimate
         b.engine.abort_request("r1")
