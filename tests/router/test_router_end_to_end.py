@@ -98,7 +98,7 @@ def test_streams_pass_through_with_usage(router):
 
 def test_a_stream_with_usage_in_every_chunk_counts_its_cached_tokens_once(router):
     prompt = unique_prompt(30)
-    body = {"model": "builtin:tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0,
+    body = {"model": "builtin:tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0,
             "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     _complete(router, prompt)  # its pages, then a streamed repeat that hits them
@@ -109,7 +109,9 @@ def test_a_stream_with_usage_in_every_chunk_counts_its_cached_tokens_once(router
         chunks = [json.loads(ln[6:]) for ln in resp.iter_lines()
                   if ln.startswith("data: {")]
     with_usage = [c for c in chunks if c.get("usage")]
-    assert len(with_usage) >= 4  # every chunk repeats the usage
+    # every chunk repeats the usage (the server may coalesce tokens into fewer chunks under
+    # load, so only the repetition itself is required)
+    assert len(with_usage) >= 2
     cached = with_usage[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == expected_hit(with_usage[-1]["usage"]["prompt_tokens"]) > 0
     after = _metrics(router)
