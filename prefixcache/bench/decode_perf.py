@@ -17,18 +17,23 @@ warm-up; the median and the spread (min-max) are reported:
   ``tpot_vs_context`` rows).
 * ``kernel_ab``: decode steps of 1 and 8 sequences at 1k-8k context with attention
   reading the pages in place (the CPU kernel, the default) against gathering them.
-* ``split_ab``: a prefill step of 256 new tokens over 2k and 900 over 7.5k with the
-  chunk's attention split at the cached prefix (the CPU default) against one masked call.
+* ``prefill_ab``: a prefill step of 2,048 cold tokens, 256 new over 2k and 900 over 7.5k
+  with the chunk's attention read in place by the CPU prefill kernel (the default)
+  against torch's SDPA.
+* ``split_ab``: the same steps after a prefix with the kernel off, the chunk's attention
+  split at the cached prefix (the CPU path without the kernel) against one masked call.
 * ``packed_ab``: decode steps of 1, 4 and 8 sequences at 1k context with the decoder's
   linear layers prepacked for oneDNN (:class:`~prefixcache.model.packed_linear.
   PackedLinear`, the default) against plain ``F.linear`` (packing switched off).
 """
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -175,6 +180,20 @@ def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
     return rows
 
 
+@contextmanager
+def _env(name: str):
+    """Yield a setter of environment variable ``name`` (``"1"``/``"0"``); its value
+    before is restored on exit."""
+    before = os.environ.get(name)
+    try:
+        yield lambda on: os.environ.__setitem__(name, "1" if on else "0")
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
               repeats: int = 5, bs: int = 16) -> list[dict]:
     """Rows ``{seqs, ctx, in_place: {median, min, max}, gathered: {...}, ratio: {...}}``:
@@ -183,70 +202,96 @@ def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
     copy for SDPA (``PREFIXCACHE_DECODE_KERNEL=0``), and the paired ratio ``gathered /
     in_place`` of each round (> 1: in place is faster). Empty when the kernel is
     unavailable (not built, or not a CPU model)."""
-    import os
-
     from prefixcache.model.kernels import paged_decode
 
     if model.device.type != "cpu" or paged_decode.load() is None:
         return []
-    before = os.environ.get("PREFIXCACHE_DECODE_KERNEL")
     rows = []
+    with _env("PREFIXCACHE_DECODE_KERNEL") as kernel, torch.inference_mode():
+        def run(b, kv, on: bool):
+            kernel(on)
+            model(b, kv)
+        for n, ctx in cases:
+            per = -(-ctx // bs)
+            kv = model.new_kv_pool(n * per + 1, bs)
+            pages = list(range(kv.num_pages))
+            random.Random(ctx).shuffle(pages)
+            b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
+            rows.append({"seqs": n, "ctx": ctx,
+                         **_paired(partial(run, b, kv, True), partial(run, b, kv, False),
+                                   repeats, ("in_place", "gathered"))})
+            del kv
+    return rows
 
-    def run(b, kv, on: bool):
-        os.environ["PREFIXCACHE_DECODE_KERNEL"] = "1" if on else "0"
-        model(b, kv)
-    try:
-        with torch.inference_mode():
-            for n, ctx in cases:
-                per = -(-ctx // bs)
-                kv = model.new_kv_pool(n * per + 1, bs)
-                pages = list(range(kv.num_pages))
-                random.Random(ctx).shuffle(pages)
-                b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
-                rows.append({"seqs": n, "ctx": ctx,
-                             **_paired(partial(run, b, kv, True), partial(run, b, kv, False),
-                                       repeats, ("in_place", "gathered"))})
-                del kv
-    finally:
-        if before is None:
-            os.environ.pop("PREFIXCACHE_DECODE_KERNEL", None)
-        else:
-            os.environ["PREFIXCACHE_DECODE_KERNEL"] = before
+
+def _prefill_step(model, new: int, ctx: int, bs: int):
+    """A pool of random KV and a batch of one prefill chunk: ``new`` tokens after
+    ``ctx - new`` cached ones (``new == ctx``: a cold prompt)."""
+    from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
+
+    pages = -(-ctx // bs)
+    kv = model.new_kv_pool(pages + 1, bs)
+    for k, v in zip(kv.k, kv.v):
+        k.normal_()
+        v.normal_()
+    first, dev = ctx - new, model.device
+    g = torch.Generator().manual_seed(ctx)
+    ids = torch.randint(0, model.config.vocab_size, (new,), generator=g).to(dev)
+    b = ForwardBatch(ids, torch.arange(first, ctx, device=dev),
+                     torch.arange(first, ctx, device=dev),
+                     [SeqChunk(0, new, ctx, torch.arange(pages, device=dev))],
+                     torch.tensor([new - 1], device=dev))
+    return b, kv
+
+
+def prefill_ab(model, cases=((2048, 2048), (256, 2048), (900, 7500)), repeats: int = 3,
+               bs: int = 16) -> list[dict]:
+    """Rows ``{new, ctx, in_place: {median, min, max}, torch: {...}, ratio: {...}}``: one
+    prefill step of ``new`` tokens after ``ctx - new`` cached ones with the chunk's
+    attention read in place by the CPU prefill kernel
+    (:mod:`prefixcache.model.kernels.paged_prefill`, the default) or by torch's SDPA
+    (``PREFIXCACHE_PREFILL_KERNEL=0``: causal flash for a cold prompt, the split of
+    :func:`split_ab` after a prefix), and the paired ratio ``torch / in_place``. Empty
+    when the kernel is unavailable."""
+    from prefixcache.model.kernels import paged_prefill
+
+    if model.device.type != "cpu" or paged_prefill.load() is None:
+        return []
+    rows = []
+    with _env("PREFIXCACHE_PREFILL_KERNEL") as kernel, torch.inference_mode():
+        def run(b, kv, on: bool):
+            kernel(on)
+            model(b, kv)
+        for new, ctx in cases:
+            b, kv = _prefill_step(model, new, ctx, bs)
+            rows.append({"new": new, "ctx": ctx,
+                         **_paired(partial(run, b, kv, True), partial(run, b, kv, False),
+                                   repeats, ("in_place", "torch"))})
+            del kv
     return rows
 
 
 def split_ab(model, cases=((256, 2048), (900, 7500)), repeats: int = 3,
              bs: int = 16) -> list[dict]:
     """Rows ``{new, ctx, split: {median, min, max}, masked: {...}, ratio: {...}}``: one
-    prefill step of ``new`` tokens after ``ctx - new`` cached ones, with the chunk's
-    attention as two flash calls merged by log-sum-exp
-    (:func:`~prefixcache.model.attention.prefix_split_attention`, the CPU default) or as
-    one SDPA call with a ``[new, ctx]`` mask, and the paired ratio ``masked / split``."""
+    prefill step of ``new`` tokens after ``ctx - new`` cached ones, with the prefill
+    kernel off and the chunk's attention as two flash calls merged by log-sum-exp
+    (:func:`~prefixcache.model.attention.prefix_split_attention`, the CPU path without
+    the kernel) or as one SDPA call with a ``[new, ctx]`` mask, and the paired ratio
+    ``masked / split``."""
     from prefixcache.model import attention
-    from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
 
     before = attention.SPLIT_PREFIX
     rows = []
-
-    def run(b, kv, on: bool):
-        attention.SPLIT_PREFIX = on
-        model(b, kv)
     try:
-        with torch.inference_mode():
+        with _env("PREFIXCACHE_PREFILL_KERNEL") as kernel, torch.inference_mode():
+            kernel(False)
+
+            def run(b, kv, on: bool):
+                attention.SPLIT_PREFIX = on
+                model(b, kv)
             for new, ctx in cases:
-                pages = -(-ctx // bs)
-                kv = model.new_kv_pool(pages + 1, bs)
-                for k, v in zip(kv.k, kv.v):
-                    k.normal_()
-                    v.normal_()
-                first = ctx - new
-                dev = model.device
-                g = torch.Generator().manual_seed(ctx)
-                ids = torch.randint(0, model.config.vocab_size, (new,), generator=g).to(dev)
-                b = ForwardBatch(ids, torch.arange(first, ctx, device=dev),
-                                 torch.arange(first, ctx, device=dev),
-                                 [SeqChunk(0, new, ctx, torch.arange(pages, device=dev))],
-                                 torch.tensor([new - 1], device=dev))
+                b, kv = _prefill_step(model, new, ctx, bs)
                 rows.append({"new": new, "ctx": ctx,
                              **_paired(partial(run, b, kv, True), partial(run, b, kv, False),
                                        repeats, ("split", "masked"))})
@@ -345,6 +390,7 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     del hf
     packed = packed_ab(model, repeats=max(repeats, 5))
     in_place = kernel_ab(model, repeats=max(repeats, 5))
+    prefill = prefill_ab(model, repeats=repeats)
     split = split_ab(model, repeats=repeats) if model.device.type == "cpu" else []
     bw = bandwidth_gbs()
     steps = {}
@@ -368,7 +414,7 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     return {"tpot_vs_context": rows, "bandwidth_gbs": bw, "bandwidth_bound": bound,
             "tpot_8k_over_512": flat, "batched_8_over_1_tok_s": batched,
             "step_breakdown": breakdown, "packed_ab": packed, "kernel_ab": in_place,
-            "split_ab": split,
+            "prefill_ab": prefill, "split_ab": split,
             "goals": {"TPOT 8k <= 1.25x TPOT 512 (1 seq)": flat["1"] <= 1.25,
                       "TPOT 8k <= 1.25x TPOT 512 (8 seqs)": flat["8"] <= 1.25,
                       "8 seqs >= 5x tokens/s of 1 at 1k": batched >= 5.0,

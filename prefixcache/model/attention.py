@@ -10,9 +10,12 @@ place; elsewhere (CUDA, or the kernel unavailable) its pages are gathered in one
 ``index_select`` and one SDPA call masks each row's keys beyond its context.
 
 Prefill chunks attend one sequence at a time (their shapes differ too much to pad
-cheaply): from position 0, causal SDPA over their own keys; after a cached prefix, on the
-CPU, two flash calls (the whole gathered prefix, then their own keys causally) merged by
-log-sum-exp (:func:`prefix_split_attention`); otherwise SDPA with a ``[q_len, ctx]`` mask.
+cheaply). On the CPU, without a sliding window, a chunk is one call of the paged prefill
+kernel (:mod:`prefixcache.model.kernels.paged_prefill`), which reads the cached prefix and
+the chunk's own keys in place, causally. Otherwise: from position 0, causal SDPA over
+their own keys; after a cached prefix, on the CPU, two flash calls (the whole gathered
+prefix, then their own keys causally) merged by log-sum-exp
+(:func:`prefix_split_attention`); otherwise SDPA with a ``[q_len, ctx]`` mask.
 
 A step's plan (masks, padded page tables) is built once (on the device) and shared by
 every layer with the same sliding window.
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 
 from prefixcache.model.forward_batch import SeqChunk
 from prefixcache.model.kernels import paged_decode as decode_kernel
+from prefixcache.model.kernels import paged_prefill as prefill_kernel
 from prefixcache.model.kv_pool import KVPool
 
 
@@ -43,6 +47,8 @@ class SeqAttention:
             no window: attended by
             :func:`prefix_split_attention` (no mask is built; :func:`causal_mask` gives
             it where that path cannot serve).
+        in_place: a chunk of two tokens or more, no window, read in place by the prefill
+            kernel (no mask is built).
     """
 
     seq: SeqChunk
@@ -50,6 +56,7 @@ class SeqAttention:
     causal: bool
     mask: torch.Tensor | None
     split: bool = False
+    in_place: bool = False
 
 
 @dataclass
@@ -133,7 +140,8 @@ def _plan_decode(seqs: list[SeqChunk], window: int | None, block_size: int,
 
 
 def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.device,
-                   block_size: int | None = None, in_place: bool = False) -> AttentionPlan:
+                   block_size: int | None = None, in_place: bool = False,
+                   prefill_in_place: bool = False) -> AttentionPlan:
     """Masks of a step for layers with attention window ``window`` (tokens, or ``None``).
 
     The query at position ``p`` sees keys ``j`` with ``j <= p`` and, with a window,
@@ -141,7 +149,9 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
     keys are not all new are batched (:class:`DecodeGroup` per :func:`decode_groups`,
     even for one sequence: its grouped-query layout is faster than ``enable_gqa``).
     ``in_place``: the step's decode groups are read by the decode kernel (see
-    :func:`decode_in_place`), so their gather masks are not built.
+    :func:`decode_in_place`), so their gather masks are not built. ``prefill_in_place``:
+    chunks of two tokens or more are read by the prefill kernel (see
+    :func:`prefill_in_place`) when there is no window.
     """
     decode = [s for s in seqs if s.q_len == 1 and s.ctx_len > 1]
     groups = []
@@ -154,6 +164,9 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
     for s in seqs:
         first = s.ctx_len - s.q_len  # position of the first new token
         key_start = 0 if window is None else max(0, first - window + 1)
+        if prefill_in_place and window is None and s.q_len > 1:
+            plans.append(SeqAttention(s, 0, False, None, in_place=True))
+            continue
         if s.q_len == 1 or (window is None and first == 0):
             # one query sees every gathered key; or plain causal from position 0
             plans.append(SeqAttention(s, key_start, s.q_len > 1, None))
@@ -172,6 +185,13 @@ def decode_in_place(kv: KVPool, num_heads: int) -> bool:
     step: the pool's device, dtype and geometry, the switches, and the built kernel)."""
     return (decode_kernel.enabled() and decode_kernel.supports(kv.k[0], num_heads)
             and decode_kernel.load() is not None)
+
+
+def prefill_in_place(kv: KVPool, num_heads: int) -> bool:
+    """Whether a step's prefill chunks (no window) are read in place by the CPU prefill
+    kernel (decided once per step, as :func:`decode_in_place`)."""
+    return (prefill_kernel.enabled() and prefill_kernel.supports(kv.k[0], num_heads)
+            and prefill_kernel.load() is not None)
 
 
 def causal_mask(s: SeqChunk, key_start: int, window: int | None, device: torch.device
@@ -208,6 +228,10 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
         s = p.seq
         rows = slice(s.q_start, s.q_start + s.q_len)
         fresh = s.ctx_len - s.q_len  # first position computed this step
+        if p.in_place:
+            out[rows] = prefill_kernel.paged_prefill(q[rows], kv.k[layer], kv.v[layer],
+                                                     s.page_table, fresh, q.shape[-1] ** -0.5)
+            continue
         if same_dtype and p.key_start >= fresh:
             k = k_new[s.q_start + p.key_start - fresh:rows.stop]
             v = v_new[s.q_start + p.key_start - fresh:rows.stop]

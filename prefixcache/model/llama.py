@@ -15,10 +15,11 @@ the :class:`KVPool`; the engine's model runner picks one per engine:
 * deterministic (:func:`prefixcache.model.deterministic.forward_deterministic`):
   batch-invariant tiles; cost figures are in ``benchmarks/``.
 
-Limits: each sequence's context KV is gathered (copied) from its pages once per layer
-(decode rows of similar length in one copy and one attention call per group, prefill
-chunks one sequence at a time). Sliding windows are applied by masking: all KV is kept,
-so outputs stay exact with prefix caching.
+Limits: on the CPU, attention reads the KV pages in place (the paged decode and prefill
+kernels of :mod:`prefixcache.model.kernels`); elsewhere, or for sliding-window layers'
+prefill chunks, each sequence's context KV is gathered (copied) from its pages once per
+layer. Sliding windows are applied by masking: all KV is kept, so outputs stay exact with
+prefix caching.
 """
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prefixcache.model.attention import decode_in_place, paged_attention, plan_attention
+from prefixcache.model.attention import (
+    decode_in_place,
+    paged_attention,
+    plan_attention,
+    prefill_in_place,
+)
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kv_pool import KVPool
@@ -182,7 +188,9 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
     x = F.embedding(batch.input_ids, model.embed)
     cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
     in_place = decode_in_place(kv, cfg.num_attention_heads)
-    plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size, in_place)
+    prefill_kernel = prefill_in_place(kv, cfg.num_attention_heads)
+    plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size, in_place,
+                               prefill_kernel)
              for w in set(cfg.layer_sliding_windows)}
     for i, layer in enumerate(model.decoder_layers):
         q, k, v = layer.qkv(x, cos, sin)

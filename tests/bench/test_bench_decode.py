@@ -95,13 +95,14 @@ def _tiny_ours():
     return paged_copy(make_hf_model("llama"))
 
 
-def test_kernel_and_split_ab_measure_both_ways_and_restore_the_defaults(monkeypatch):
+def test_kernel_prefill_and_split_ab_measure_both_ways_and_restore_the_defaults(monkeypatch):
     import os
 
     from prefixcache.model import attention
-    from prefixcache.model.kernels import paged_decode
+    from prefixcache.model.kernels import paged_decode, paged_prefill
 
     monkeypatch.delenv("PREFIXCACHE_DECODE_KERNEL", raising=False)
+    monkeypatch.setenv("PREFIXCACHE_PREFILL_KERNEL", "1")
     ours = _tiny_ours()
     rows = decode_perf.kernel_ab(ours, cases=((2, 64),), repeats=2)
     if paged_decode.load() is not None:  # the kernel built: both paths measured
@@ -111,6 +112,12 @@ def test_kernel_and_split_ab_measure_both_ways_and_restore_the_defaults(monkeypa
     split = decode_perf.split_ab(ours, cases=((8, 40),), repeats=2)
     assert [(r["new"], r["ctx"]) for r in split] == [(8, 40)]
     assert split[0]["ratio"]["min"] > 0 and attention.SPLIT_PREFIX is True
+    assert os.environ["PREFIXCACHE_PREFILL_KERNEL"] == "1"  # split_ab ran with it off
+    prefill = decode_perf.prefill_ab(ours, cases=((16, 16), (8, 40)), repeats=2)
+    if paged_prefill.load() is not None:
+        assert [(r["new"], r["ctx"]) for r in prefill] == [(16, 16), (8, 40)]
+        assert all(r["in_place"]["min"] > 0 and r["torch"]["min"] > 0 for r in prefill)
+    assert os.environ["PREFIXCACHE_PREFILL_KERNEL"] == "1"
 
 
 def test_report_renders_the_ab_tables_and_server_series(tmp_path):
@@ -120,7 +127,9 @@ def test_report_renders_the_ab_tables_and_server_series(tmp_path):
     res = {"kernel_ab": [{"seqs": 8, "ctx": 4096, "in_place": spread, "gathered": spread,
                           "ratio": {"median": 1.5, "min": 1.4, "max": 1.6}}],
            "split_ab": [{"new": 900, "ctx": 7500, "split": spread, "masked": spread,
-                         "ratio": {"median": 1.2, "min": 1.1, "max": 1.3}}]}
+                         "ratio": {"median": 1.2, "min": 1.1, "max": 1.3}}],
+           "prefill_ab": [{"new": 2048, "ctx": 2048, "in_place": spread, "torch": spread,
+                           "ratio": {"median": 1.3, "min": 1.25, "max": 1.35}}]}
     base = {"tpot_vs_context": [{"ctx": 512, "seqs": 1, "impl": "ours", **spread}],
             "tpot_8k_over_512": {"1": 1.0, "8": 1.0}, "batched_8_over_1_tok_s": 1.0,
             "step_breakdown": {"seqs": 8, "ctx": 1024, "steps_measured": 3, "host_share": 0.1,
@@ -131,6 +140,7 @@ def test_report_renders_the_ab_tables_and_server_series(tmp_path):
     text = "\n".join(decode_report.render_markdown({**base, **res}, meta))
     assert "| 8 x 4096 | 20.0 [10-30] | 20.0 [10-30] | 1.50x [1.40-1.60] |" in text
     assert "| 900 over 7500 | 20.0 [10-30] | 20.0 [10-30] | 1.20x [1.10-1.30] |" in text
+    assert "| 2048 over 2048 | 20.0 [10-30] | 20.0 [10-30] | 1.30x [1.25-1.35] |" in text
     (tmp_path / "tpot_server_vllm.json").write_text(json.dumps(
         {"label": "vllm", "rows": [{"ctx": 512, "seqs": 1, **spread},
                                    {"ctx": 1024, "seqs": 1, **spread}]}))

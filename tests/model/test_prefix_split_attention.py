@@ -49,9 +49,11 @@ def test_plan_splits_cpu_chunks_after_a_prefix_only():
     assert not meta.split and meta.mask is not None  # other devices keep the masked call
 
 
-def test_engine_prefill_after_a_prefix_takes_the_split_and_matches_transformers():
+def test_engine_prefill_after_a_prefix_takes_the_split_and_matches_transformers(monkeypatch):
     from tests.helpers.hf_models import hf_logits, make_hf_model
     from tests.helpers.paged import PagedRunner, Seq, paged_copy
+
+    monkeypatch.setenv("PREFIXCACHE_PREFILL_KERNEL", "0")  # the path without the kernel
 
     hf = make_hf_model("llama")
     runner = PagedRunner(paged_copy(hf), num_pages=64)

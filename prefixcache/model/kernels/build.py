@@ -27,7 +27,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "bindings.cpp", HERE / "paged_decode.cpp"]
+SOURCES = [HERE / "bindings.cpp", HERE / "paged_decode.cpp", HERE / "paged_prefill.cpp"]
+HEADERS = [HERE / "simd.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffast-math"]
 
 _lock = threading.Lock()
@@ -54,7 +55,7 @@ def build_name() -> str:
     """The library's name: ``prefixcache_cpu_kernels_`` and a digest of what it is built
     from (sources, flags, torch version, CPU flags, machine)."""
     h = hashlib.sha256()
-    parts = [p.read_bytes() for p in SOURCES] + [
+    parts = [p.read_bytes() for p in [*SOURCES, *HEADERS]] + [
         " ".join(CFLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode(),
         platform.machine().encode()]
     for part in parts:

@@ -9,9 +9,8 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+
+#include "simd.h"
 
 namespace {
 
@@ -127,49 +126,9 @@ void decode(const float* q, const T* k, const T* v, const int64_t* table,
 
 
 // ---- fast path: 16-token pages, head_dim a multiple of 16 (GCC vector extensions) ----
-typedef float v16 __attribute__((vector_size(64)));
-typedef int v16i __attribute__((vector_size(64)));
-
-inline v16 load16(const float* p) {
-  v16 v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline v16 load16(const c10::BFloat16* p) {
-  v16 v;
-  for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(p[i]);
-  return v;
-}
-
-inline v16 splat(float x) { return v16{} + x; }
+using namespace prefixcache_simd;
 
 constexpr int64_t kAhead = 2;  // software prefetch distance, in pages
-
-// exp of 16 lanes; AVX-512: 2^n * p(r), n = round(x log2 e), r = x - n ln 2 (two-part),
-// p a degree-6 Taylor polynomial (relative error below 2e-7 on |r| <= ln2 / 2); lanes
-// below -87 give 0. Elsewhere: std::exp per lane.
-inline v16 exp16(v16 x) {
-#ifdef __AVX512F__
-  const __m512 xv = _mm512_max_ps(reinterpret_cast<__m512>(x), _mm512_set1_ps(-100.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xv, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), xv);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return reinterpret_cast<v16>(_mm512_scalef_ps(p, n));
-#else
-  v16 y;
-  for (int i = 0; i < 16; ++i) y[i] = std::exp(x[i]);
-  return y;
-#endif
-}
 
 // lane j of dots16's result holds token kBitrev[j] (the reduction tree's order)
 constexpr int kBitrev[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
