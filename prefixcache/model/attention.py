@@ -229,8 +229,8 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k
         rows = slice(s.q_start, s.q_start + s.q_len)
         fresh = s.ctx_len - s.q_len  # first position computed this step
         if p.in_place:
-            out[rows] = prefill_kernel.paged_prefill(q[rows], kv.k[layer], kv.v[layer],
-                                                     s.page_table, fresh, q.shape[-1] ** -0.5)
+            prefill_kernel.paged_prefill(q[rows], kv.k[layer], kv.v[layer], s.page_table,
+                                         fresh, q.shape[-1] ** -0.5, out=out[rows])
             continue
         if same_dtype and p.key_start >= fresh:
             k = k_new[s.q_start + p.key_start - fresh:rows.stop]

@@ -46,7 +46,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension, computed in float32, returned in ``x.dtype``."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    return x32.to(x.dtype).mul_(weight)  # a new tensor either way: x is never written
 
 
 def _param(*shape: int, device, dtype) -> nn.Parameter:
@@ -103,9 +103,9 @@ class DecoderLayer(nn.Module):
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
         ``attn [N, heads * d]``, then plus the SwiGLU MLP."""
-        x = x + self.o_proj(attn)
+        x = self.o_proj(attn, residual=x)
         gate, up = self.gate_up_proj(rms_norm(x, self.post_norm, self.eps)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up), residual=x)
 
 
 class PagedLlama(nn.Module):

@@ -58,10 +58,16 @@ class PackedLinear:
             self.num_packs += 1
         return True
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.enabled or x.shape[0] < 2 or x.dtype != torch.float32 or x.dim() != 2:
-            return F.linear(x, self.weight, self.bias)
-        if not self.prepack():
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
-                                                  "none", [], "")
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T + bias``, plus ``residual [N, out]`` when given. On the packed
+        path the residual is added in the matrix product's epilogue (one pass less over
+        the output; the same bits as adding it after: the sum of the same two floats)."""
+        if (not self.enabled or x.shape[0] < 2 or x.dtype != torch.float32 or x.dim() != 2
+                or not self.prepack()):
+            y = F.linear(x, self.weight, self.bias)
+            return y if residual is None else residual + y
+        if residual is None:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
+                                                      "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual.contiguous(),
+                                                         self._packed, self.bias, "add")

@@ -49,6 +49,23 @@ def test_bias_is_added_and_the_weight_is_packed_once():
     assert lin.num_packs == (1 if lin.enabled else 0)  # one-row calls never pack
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_is_added_in_the_epilogue_with_the_same_bits(bias, dtype):
+    """``lin(x, residual=r)`` is exactly ``r + lin(x)`` on every path (packed, one row,
+    other dtypes), and neither input is written."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(96, 40, generator=g).to(dtype)
+    b = torch.randn(96, generator=g).to(dtype) if bias else None
+    lin = PackedLinear(w, b)
+    for n in (1, 2, 9, 300):
+        x = torch.randn(n, 40, generator=g).to(dtype)
+        r = torch.randn(n, 96, generator=g).to(dtype)
+        x0, r0 = x.clone(), r.clone()
+        assert torch.equal(lin(x, residual=r), r + lin(x))
+        assert torch.equal(x, x0) and torch.equal(r, r0)
+
+
 def test_decoder_layers_pack_each_projection_once_over_many_steps():
     from prefixcache.model.config import ModelConfig
     from prefixcache.model.llama import PagedLlama

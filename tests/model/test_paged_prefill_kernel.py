@@ -61,6 +61,26 @@ def test_kernel_matches_causal_softmax_attention(built, dtype, heads, kvh, d, bs
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
+def test_kernel_reads_strided_queries_and_writes_into_out(built):
+    """q a slice of a fused q/k tensor and out rows of a step's output: read and written in
+    place, the rows around them untouched; a bfloat16 out is filled through a copy."""
+    g = torch.Generator().manual_seed(7)
+    k_pool, v_pool = torch.randn(2, 6, 16, 3, 64, generator=g)
+    table = torch.tensor([4, 1, 3])
+    qk = torch.randn(40, 12, 64, generator=g)                 # 9 query heads, then 3 keys
+    q = qk[:, :9]
+    assert not q.is_contiguous()
+    step_out = torch.full((50, 9, 64), 7.0)
+    got = built.paged_prefill(q, k_pool, v_pool, table, 5, 0.125, out=step_out[10:50])
+    assert got.data_ptr() == step_out[10].data_ptr()
+    want = built.paged_prefill(q.contiguous(), k_pool, v_pool, table, 5, 0.125)
+    assert torch.equal(step_out[10:50], want)
+    assert torch.equal(step_out[:10], torch.full((10, 9, 64), 7.0))
+    half = torch.zeros(40, 9, 64, dtype=torch.bfloat16)
+    built.paged_prefill(q.bfloat16(), k_pool, v_pool, table, 5, 0.125, out=half)
+    torch.testing.assert_close(half.float(), want, atol=2e-2, rtol=2e-2)
+
+
 def test_kernel_rejects_bad_tables_and_geometry(built):
     k = torch.zeros(4, 16, 1, 8)
     q = torch.zeros(3, 1, 8)

@@ -108,13 +108,14 @@ inline void attend_block(Chunk& ch, int64_t j0, int64_t kb, const T* const* kp,
   }
 }
 
-// q: [n, Hq, D] float32; k, v: [P, bs, Hkv, D]; table: the sequence's pages; out: [n, Hq, D].
-// Query row t (position first + t) attends keys j <= first + t. A job is one KV head and
-// up to kGroup chunks, so each block of keys read from memory serves all of them.
+// q: [n, Hq, D] float32 (token stride q_stride); k, v: [P, bs, Hkv, D]; table: the
+// sequence's pages; out: [n, Hq, D] (token stride out_stride). Query row t (position
+// first + t) attends keys j <= first + t. A job is one KV head and up to kGroup chunks, so
+// each block of keys read from memory serves all of them.
 template <typename T>
-void prefill(const float* q, const T* k, const T* v, const int64_t* table, int64_t n,
-             int64_t first, float* out, int64_t Hq, int64_t Hkv, int64_t D, int64_t bs,
-             float scale) {
+void prefill(const float* q, int64_t q_stride, const T* k, const T* v, const int64_t* table,
+             int64_t n, int64_t first, float* out, int64_t out_stride, int64_t Hq,
+             int64_t Hkv, int64_t D, int64_t bs, float scale) {
   const int64_t G = Hq / Hkv;
   const int64_t tc = kLanes / G;  // tokens per chunk
   const int64_t chunks = (n + tc - 1) / tc;
@@ -139,7 +140,7 @@ void prefill(const float* q, const T* k, const T* v, const int64_t* table, int64
         float* qtf = reinterpret_cast<float*>(ch.qt.data());
         for (int64_t r = 0; r < kLanes; ++r) {
           const int64_t rr = r < ch.rows ? r : 0;
-          const float* qr = q + ((ch.t0 + rr / G) * Hq + h * G + rr % G) * D;
+          const float* qr = q + (ch.t0 + rr / G) * q_stride + (h * G + rr % G) * D;
           for (int64_t d = 0; d < D; ++d) qtf[d * kLanes + r] = qr[d] * scale;
           ch.pos[r / 16][r % 16] = static_cast<int>(first + ch.t0 + rr / G);
         }
@@ -167,7 +168,7 @@ void prefill(const float* q, const T* k, const T* v, const int64_t* table, int64
         const float* otf = reinterpret_cast<const float*>(ch.ot.data());
         const float* lf = reinterpret_cast<const float*>(ch.l);
         for (int64_t r = 0; r < ch.rows; ++r) {
-          float* o = out + ((ch.t0 + r / G) * Hq + h * G + r % G) * D;
+          float* o = out + (ch.t0 + r / G) * out_stride + (h * G + r % G) * D;
           const float inv = 1.f / lf[r];
           for (int64_t d = 0; d < D; ++d) o[d] = otf[d * kLanes + r] * inv;
         }
@@ -178,19 +179,22 @@ void prefill(const float* q, const T* k, const T* v, const int64_t* table, int64
 
 }  // namespace
 
-// Attention output [n, Hq, D] (float32) of the chunk's queries q [n, Hq, D] (float32) at
-// positions [first, first + n), against keys [0, first + n) in the pages of page_table.
+// Attention output out [n, Hq, D] (float32) of the chunk's queries q [n, Hq, D] (float32)
+// at positions [first, first + n), against keys [0, first + n) in the pages of page_table.
+// q and out may have any token stride (their heads and head dims contiguous).
 void paged_prefill(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
                    torch::Tensor page_table, int64_t first, torch::Tensor out, double scale) {
-  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && q.scalar_type() == at::kFloat &&
-              out.scalar_type() == at::kFloat && q.sizes() == out.sizes() && q.dim() == 3,
-              "q and out: contiguous float32 [n, heads, head_dim]");
+  TORCH_CHECK(q.dim() == 3 && q.sizes() == out.sizes() && q.scalar_type() == at::kFloat &&
+              out.scalar_type() == at::kFloat, "q and out: float32 [n, heads, head_dim]");
+  const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2);
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D && out.stride(2) == 1 &&
+              out.stride(1) == D && q.stride(0) >= Hq * D && out.stride(0) >= Hq * D,
+              "q and out: each token's heads contiguous");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 4 &&
               k_pool.sizes() == v_pool.sizes() &&
               k_pool.scalar_type() == v_pool.scalar_type(), "k_pool, v_pool: one shape");
   TORCH_CHECK(page_table.is_contiguous() && page_table.scalar_type() == at::kLong &&
               page_table.dim() == 1, "page_table: contiguous int64 [pages]");
-  const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t bs = k_pool.size(1), Hkv = k_pool.size(2);
   TORCH_CHECK(k_pool.size(3) == D && Hq % Hkv == 0 && Hq / Hkv <= kLanes && D % kTile == 0,
               "unsupported geometry");
@@ -203,12 +207,13 @@ void paged_prefill(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
   }
   const float s = static_cast<float>(scale);
   if (k_pool.scalar_type() == at::kFloat) {
-    prefill<float>(q.data_ptr<float>(), k_pool.data_ptr<float>(), v_pool.data_ptr<float>(),
-                   table, n, first, out.data_ptr<float>(), Hq, Hkv, D, bs, s);
+    prefill<float>(q.data_ptr<float>(), q.stride(0), k_pool.data_ptr<float>(),
+                   v_pool.data_ptr<float>(), table, n, first, out.data_ptr<float>(),
+                   out.stride(0), Hq, Hkv, D, bs, s);
   } else {
     TORCH_CHECK(k_pool.scalar_type() == at::kBFloat16, "pool dtype: float32 or bfloat16");
-    prefill<c10::BFloat16>(q.data_ptr<float>(), k_pool.data_ptr<c10::BFloat16>(),
+    prefill<c10::BFloat16>(q.data_ptr<float>(), q.stride(0), k_pool.data_ptr<c10::BFloat16>(),
                            v_pool.data_ptr<c10::BFloat16>(), table, n, first,
-                           out.data_ptr<float>(), Hq, Hkv, D, bs, s);
+                           out.data_ptr<float>(), out.stride(0), Hq, Hkv, D, bs, s);
   }
 }

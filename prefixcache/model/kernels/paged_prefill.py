@@ -38,18 +38,28 @@ def supports(pool_k: torch.Tensor, num_heads: int) -> bool:
             and num_heads % kvh == 0 and num_heads // kvh <= MAX_GROUP and d % 8 == 0)
 
 
+def _rows_ok(t: torch.Tensor) -> bool:
+    """float32 with each token's heads contiguous (any token stride): the kernel's layout."""
+    return (t.dtype == torch.float32 and t.stride(-1) == 1 and t.stride(1) == t.shape[-1]
+            and t.stride(0) >= t.shape[1] * t.shape[2])
+
+
 def paged_prefill(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                  page_table: torch.Tensor, first: int, scale: float) -> torch.Tensor:
+                  page_table: torch.Tensor, first: int, scale: float,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of a chunk, ``[n, num_heads, head_dim]`` in ``q``'s dtype.
 
     Args:
         q: ``[n, num_heads, head_dim]`` queries (RoPE applied) at positions
-            ``[first, first + n)``.
+            ``[first, first + n)``; a float32 view whose tokens are strided (a slice of a
+            fused q/k tensor) is read in place.
         k_pool, v_pool: one layer of the pool, ``[P, block_size, kv_heads, head_dim]``,
             holding keys ``[0, first + n)`` of the sequence (its own new keys included).
         page_table: int64 ``[pages]`` the sequence's pages (at least ``first + n`` keys).
         first: position of the chunk's first query (the cached or earlier tokens), >= 0.
         scale: softmax scale (``head_dim ** -0.5``).
+        out: where to write the result (``q``'s shape; written in place when float32
+            with each token's heads contiguous), or ``None`` for a new tensor.
 
     Raises:
         RuntimeError: the kernel is unavailable (check :func:`load` first), the
@@ -59,8 +69,13 @@ def paged_prefill(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     mod = build.load()
     if mod is None:
         raise RuntimeError(f"paged prefill kernel unavailable: {build.failure() or 'disabled'}")
-    qf = q.to(torch.float32).contiguous()
-    out = torch.empty_like(qf)
-    mod.paged_prefill(qf, k_pool, v_pool, page_table.contiguous(), int(first), out,
+    qf = q if _rows_ok(q) else q.to(torch.float32).contiguous()
+    res = out if out is not None and _rows_ok(out) else torch.empty(
+        q.shape, dtype=torch.float32, device=q.device)
+    mod.paged_prefill(qf, k_pool, v_pool, page_table.contiguous(), int(first), res,
                       float(scale))
-    return out.to(q.dtype)
+    if out is not None:
+        if res is not out:
+            out.copy_(res)
+        return out
+    return res.to(q.dtype)
