@@ -66,8 +66,10 @@ class PackedLinear:
                 or not self.prepack()):
             y = F.linear(x, self.weight, self.bias)
             return y if residual is None else residual + y
-        if residual is None:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
-                                                      "none", [], "")
+        y_shape = (x.shape[0], self.weight.shape[0])
+        if residual is None or residual.shape != y_shape or residual.dtype != x.dtype:
+            y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
+                                                   "none", [], "")
+            return y if residual is None else residual + y  # broadcasting, promotion
         return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual.contiguous(),
                                                          self._packed, self.bias, "add")

@@ -64,6 +64,12 @@ def test_residual_is_added_in_the_epilogue_with_the_same_bits(bias, dtype):
         x0, r0 = x.clone(), r.clone()
         assert torch.equal(lin(x, residual=r), r + lin(x))
         assert torch.equal(x, x0) and torch.equal(r, r0)
+    x = torch.randn(4, 40, generator=g).to(dtype)
+    row = torch.randn(96, generator=g).to(dtype)            # broadcast, as F.linear + r
+    assert torch.equal(lin(x, residual=row), row + lin(x))
+    wide = torch.randn(4, 96, generator=g).double()           # promoted, as F.linear + r
+    out = lin(x, residual=wide)
+    assert out.dtype == torch.float64 and torch.equal(out, wide + lin(x))
 
 
 def test_decoder_layers_pack_each_projection_once_over_many_steps():

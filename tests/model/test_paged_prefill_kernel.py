@@ -40,7 +40,8 @@ def reference(q, k, v, first):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kvh,d,bs", [(9, 3, 64, 16), (4, 4, 32, 8), (16, 2, 128, 32),
-                                            (7, 7, 8, 5), (48, 1, 16, 16)])
+                                            (7, 7, 8, 5), (48, 1, 16, 16), (10, 2, 16, 16),
+                                            (32, 1, 8, 4)])  # groups 5 and 32: padded lanes
 @pytest.mark.parametrize("n,first", [(1, 0), (2, 0), (37, 0), (130, 0), (5, 70), (64, 3),
                                      (100, 517)])
 def test_kernel_matches_causal_softmax_attention(built, dtype, heads, kvh, d, bs, n, first):
@@ -90,9 +91,15 @@ def test_kernel_rejects_bad_tables_and_geometry(built):
         built.paged_prefill(q, k, k, torch.tensor([0]), 14, 1.0)   # keys 14..16 of 16
     with pytest.raises(RuntimeError, match="beyond its page table"):
         built.paged_prefill(q, k, k, torch.tensor([0]), -1, 1.0)
+    with pytest.raises(RuntimeError, match="beyond its page table"):  # no int overflow
+        built.paged_prefill(q, k, k, torch.tensor([0]), 2**63 - 2, 1.0)
     with pytest.raises(RuntimeError, match="unsupported geometry"):
         built.paged_prefill(torch.zeros(3, 1, 12), torch.zeros(4, 16, 1, 12),
                             torch.zeros(4, 16, 1, 12), torch.tensor([0]), 0, 1.0)
+    with pytest.raises(RuntimeError, match="unsupported geometry"):  # no division by zero
+        built.paged_prefill(torch.zeros(3, 0, 8), k, k, torch.tensor([0]), 0, 1.0)
+    empty = torch.zeros(0, 1, 8)
+    assert built.paged_prefill(empty, k, k, torch.tensor([0]), 0, 1.0).shape == (0, 1, 8)
 
 
 def test_supports_names_what_it_cannot_do():

@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "simd.h"
@@ -184,6 +185,8 @@ void prefill(const float* q, int64_t q_stride, const T* k, const T* v, const int
 // q and out may have any token stride (their heads and head dims contiguous).
 void paged_prefill(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
                    torch::Tensor page_table, int64_t first, torch::Tensor out, double scale) {
+  TORCH_CHECK(q.is_cpu() && out.is_cpu() && k_pool.is_cpu() && v_pool.is_cpu() &&
+              page_table.is_cpu(), "paged_prefill: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && q.sizes() == out.sizes() && q.scalar_type() == at::kFloat &&
               out.scalar_type() == at::kFloat, "q and out: float32 [n, heads, head_dim]");
   const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2);
@@ -196,9 +199,11 @@ void paged_prefill(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
   TORCH_CHECK(page_table.is_contiguous() && page_table.scalar_type() == at::kLong &&
               page_table.dim() == 1, "page_table: contiguous int64 [pages]");
   const int64_t bs = k_pool.size(1), Hkv = k_pool.size(2);
-  TORCH_CHECK(k_pool.size(3) == D && Hq % Hkv == 0 && Hq / Hkv <= kLanes && D % kTile == 0,
-              "unsupported geometry");
-  TORCH_CHECK(n >= 1 && first >= 0 && first + n <= page_table.size(0) * bs,
+  TORCH_CHECK(Hq >= 1 && Hkv >= 1 && bs >= 1 && D >= 1 && k_pool.size(3) == D &&
+              Hq % Hkv == 0 && Hq / Hkv <= kLanes && D % kTile == 0, "unsupported geometry");
+  // positions are held as int32 lanes: first + n < 2^31 (and no overflow below)
+  TORCH_CHECK(n >= 1 && first >= 0 && first <= INT32_MAX - n &&
+              first + n <= page_table.size(0) * bs,
               "the chunk's keys reach beyond its page table");
   const int64_t* table = page_table.data_ptr<int64_t>();
   const int64_t num_pages = k_pool.size(0);

@@ -69,6 +69,8 @@ def paged_prefill(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     mod = build.load()
     if mod is None:
         raise RuntimeError(f"paged prefill kernel unavailable: {build.failure() or 'disabled'}")
+    if q.shape[0] == 0:  # no queries: nothing to attend
+        return out if out is not None else torch.empty_like(q)
     qf = q if _rows_ok(q) else q.to(torch.float32).contiguous()
     res = out if out is not None and _rows_ok(out) else torch.empty(
         q.shape, dtype=torch.float32, device=q.device)

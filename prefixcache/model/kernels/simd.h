@@ -28,8 +28,9 @@ inline v16 load16(const c10::BFloat16* p) {
 inline v16 splat(float x) { return v16{} + x; }
 
 // exp of 16 lanes; AVX-512: 2^n * p(r), n = round(x log2 e), r = x - n ln 2 (two-part),
-// p a degree-6 Taylor polynomial (relative error below 2e-7 on |r| <= ln2 / 2); lanes
-// below -87 give 0. Elsewhere: std::exp per lane.
+// p a degree-6 Taylor polynomial (relative error below 2e-7 on |r| <= ln2 / 2); inputs
+// are clamped at -100 (about 4e-44, a denormal: callers zero masked lanes themselves).
+// Elsewhere: std::exp per lane.
 inline v16 exp16(v16 x) {
 #ifdef __AVX512F__
   const __m512 xv = _mm512_max_ps(reinterpret_cast<__m512>(x), _mm512_set1_ps(-100.f));
