@@ -34,6 +34,25 @@ struct Row {
   float m, l;  // running max of the scores, sum of exp(score - m)
 };
 
+// One job of the decode kernels: row b, KV heads [h0, h1), keys [start, n) of its context.
+// Heads are split across jobs too when there are fewer rows than threads.
+struct Job {
+  int64_t b, h0, h1, n, start;
+};
+
+inline int64_t job_splits(int64_t B, int64_t Hkv) {
+  return B >= at::get_num_threads() ? 1 : Hkv;
+}
+
+inline Job job_of(int64_t job, int64_t splits, int64_t Hkv, const int64_t* ctx,
+                  int64_t window) {
+  const int64_t b = job / splits;
+  const int64_t h0 = splits == 1 ? 0 : job % splits;
+  const int64_t n = ctx[b];
+  return {b, h0, splits == 1 ? Hkv : h0 + 1, n,
+          window > 0 ? std::max<int64_t>(0, n - window) : 0};
+}
+
 // q: [B, Hq, D] float32; k, v: [P, bs, Hkv, D]; table: [B, maxP] int64; ctx: [B] int64.
 // out: [B, Hq, D] float32. Keys [max(0, ctx - window), ctx) are read (window <= 0: all).
 // A job is one row and a range of KV heads [h0, h1); per page, the scores of all its
@@ -47,17 +66,13 @@ void decode(const float* q, const T* k, const T* v, const int64_t* table,
   const int64_t D = DC > 0 ? DC : D_run;
   const int64_t G = Hq / Hkv;
   const int64_t tok_stride = Hkv * D;
-  // split heads too when there are fewer rows than threads
-  const int64_t splits = B >= at::get_num_threads() ? 1 : Hkv;
+  const int64_t splits = job_splits(B, Hkv);
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qs(Hq * D), acc(Hq * D), s(Hq * bs);
     std::vector<Row> row(Hq);
     for (int64_t job = begin; job < end; ++job) {
-      const int64_t b = job / splits;
-      const int64_t h0 = splits == 1 ? 0 : job % splits, h1 = splits == 1 ? Hkv : h0 + 1;
+      const auto [b, h0, h1, n, start] = job_of(job, splits, Hkv, ctx, window);
       const int64_t r0 = h0 * G, r1 = h1 * G;  // query heads of the job
-      const int64_t n = ctx[b];
-      const int64_t start = window > 0 ? std::max<int64_t>(0, n - window) : 0;
       for (int64_t r = r0; r < r1; ++r) {
         const float* qr = q + (b * Hq + r) * D;
         for (int64_t i = 0; i < D; ++i) { qs[r * D + i] = qr[i] * scale; acc[r * D + i] = 0.f; }
@@ -174,15 +189,12 @@ void decode16(const float* q, const T* k, const T* v, const int64_t* table,
   constexpr int64_t bs = 16;
   const int64_t G = Hq / Hkv;
   const int64_t tok_stride = Hkv * D;
-  const int64_t splits = B >= at::get_num_threads() ? 1 : Hkv;
+  const int64_t splits = job_splits(B, Hkv);
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<v16> qv(Hq * NC), acc(Hq * NC);
     std::vector<Row> row(Hq);
     for (int64_t job = begin; job < end; ++job) {
-      const int64_t b = job / splits;
-      const int64_t h0 = splits == 1 ? 0 : job % splits, h1 = splits == 1 ? Hkv : h0 + 1;
-      const int64_t n = ctx[b];
-      const int64_t start = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+      const auto [b, h0, h1, n, start] = job_of(job, splits, Hkv, ctx, window);
       for (int64_t r = h0 * G; r < h1 * G; ++r) {
         const float* qr = q + (b * Hq + r) * D;
         for (int c = 0; c < NC; ++c) {
