@@ -4,8 +4,6 @@ refusals; the plan that routes chunks to it; and engine steps with and without i
 transformers."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -13,16 +11,13 @@ from prefixcache.model.attention import plan_attention
 from prefixcache.model.forward_batch import SeqChunk
 from prefixcache.model.kernels import paged_prefill as kernel
 from tests.helpers.hf_models import hf_logits, make_hf_model
+from tests.helpers.kernels import built_or_skip
 from tests.helpers.paged import PagedRunner, Seq, paged_copy
 
 
 @pytest.fixture(scope="module")
 def built():
-    if kernel.load() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the prefill kernel must build in CI: {kernel.failure()}")
-        pytest.skip(f"no C++ toolchain here: {kernel.failure()}")
-    return kernel
+    return built_or_skip(kernel, "prefill")
 
 
 def reference(q, k, v, first):
@@ -53,8 +48,10 @@ def test_kernel_matches_causal_softmax_attention(built, dtype, heads, kvh, d, bs
     v_pool = torch.randn(pool, bs, kvh, d, generator=g).to(dtype)
     table = torch.randperm(pool, generator=g)[:pages + 1]      # scattered, one page spare
     q = torch.randn(n, heads, d, generator=g).to(dtype)
+    k0, v0 = k_pool.clone(), v_pool.clone()
     got = built.paged_prefill(q, k_pool, v_pool, table, first, d ** -0.5)
     assert got.dtype == dtype and got.shape == q.shape
+    assert torch.equal(k_pool, k0) and torch.equal(v_pool, v0)  # pages are only read
     k = k_pool[table].flatten(0, 1)[:ctx].float()
     v = v_pool[table].flatten(0, 1)[:ctx].float()
     want = reference(q.float(), k, v, first)
@@ -145,7 +142,11 @@ def test_engine_prefill_in_place_equals_sdpa_and_transformers(built, kind, monke
         cold = runner.prefill(a, prompt, all_logits=True)
         chunked = runner.prefill(b, prompt, chunk=48, all_logits=True)
         fork = runner.fork(a, 144)                     # 144 cached tokens (9 pages)
+        shared = torch.tensor(fork.pages)
+        before = [(k[shared].clone(), v[shared].clone()) for k, v in zip(runner.kv.k, runner.kv.v)]
         after = runner.step([(fork, tail)], all_logits=True)[0]
+        for (k0, v0), k, v in zip(before, runner.kv.k, runner.kv.v):  # shared pages unwritten
+            assert torch.equal(k[shared], k0) and torch.equal(v[shared], v0)
         if mode == "1":
             assert runner.kv.num_scratch_allocs == 0  # read in place: nothing gathered
         want = hf_logits(hf, prompt)
