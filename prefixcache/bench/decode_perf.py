@@ -194,6 +194,31 @@ def _env(name: str):
             os.environ[name] = before
 
 
+def _switch_ab(model, var: str, steps, repeats: int, names: tuple[str, str]) -> list[dict]:
+    """Paired rounds of one model step with environment switch ``var`` on (``names[0]``)
+    and off (``names[1]``), for each ``(label, (batch, kv))`` of ``steps`` (built one at
+    a time, so one pool is alive); rows ``{**label, names[0]: ..., names[1]: ...,
+    ratio: ...}``. ``var`` is restored after."""
+    rows = []
+    with _env(var) as switch, torch.inference_mode():
+        def run(b, kv, on: bool):
+            switch(on)
+            model(b, kv)
+        for label, (b, kv) in steps:
+            rows.append({**label, **_paired(partial(run, b, kv, True),
+                                            partial(run, b, kv, False), repeats, names)})
+            del kv
+    return rows
+
+
+def _decode_step(model, n: int, ctx: int, bs: int):
+    """A pool and a batch of ``n`` sequences decoding at ``ctx``, pages shuffled."""
+    kv = model.new_kv_pool(n * -(-ctx // bs) + 1, bs)
+    pages = list(range(kv.num_pages))
+    random.Random(ctx).shuffle(pages)
+    return _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device), kv
+
+
 def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
               repeats: int = 5, bs: int = 16) -> list[dict]:
     """Rows ``{seqs, ctx, in_place: {median, min, max}, gathered: {...}, ratio: {...}}``:
@@ -206,22 +231,9 @@ def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
 
     if model.device.type != "cpu" or paged_decode.load() is None:
         return []
-    rows = []
-    with _env("PREFIXCACHE_DECODE_KERNEL") as kernel, torch.inference_mode():
-        def run(b, kv, on: bool):
-            kernel(on)
-            model(b, kv)
-        for n, ctx in cases:
-            per = -(-ctx // bs)
-            kv = model.new_kv_pool(n * per + 1, bs)
-            pages = list(range(kv.num_pages))
-            random.Random(ctx).shuffle(pages)
-            b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
-            rows.append({"seqs": n, "ctx": ctx,
-                         **_paired(partial(run, b, kv, True), partial(run, b, kv, False),
-                                   repeats, ("in_place", "gathered"))})
-            del kv
-    return rows
+    steps = (({"seqs": n, "ctx": ctx}, _decode_step(model, n, ctx, bs)) for n, ctx in cases)
+    return _switch_ab(model, "PREFIXCACHE_DECODE_KERNEL", steps, repeats,
+                      ("in_place", "gathered"))
 
 
 def _prefill_step(model, new: int, ctx: int, bs: int):
@@ -257,18 +269,10 @@ def prefill_ab(model, cases=((2048, 2048), (256, 2048), (900, 7500)), repeats: i
 
     if model.device.type != "cpu" or paged_prefill.load() is None:
         return []
-    rows = []
-    with _env("PREFIXCACHE_PREFILL_KERNEL") as kernel, torch.inference_mode():
-        def run(b, kv, on: bool):
-            kernel(on)
-            model(b, kv)
-        for new, ctx in cases:
-            b, kv = _prefill_step(model, new, ctx, bs)
-            rows.append({"new": new, "ctx": ctx,
-                         **_paired(partial(run, b, kv, True), partial(run, b, kv, False),
-                                   repeats, ("in_place", "torch"))})
-            del kv
-    return rows
+    steps = (({"new": new, "ctx": ctx}, _prefill_step(model, new, ctx, bs))
+             for new, ctx in cases)
+    return _switch_ab(model, "PREFIXCACHE_PREFILL_KERNEL", steps, repeats,
+                      ("in_place", "torch"))
 
 
 def split_ab(model, cases=((256, 2048), (900, 7500)), repeats: int = 3,
