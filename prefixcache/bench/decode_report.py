@@ -23,21 +23,21 @@ def plot_tpot(res: dict, path: Path, servers: list[dict] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    rows = res["tpot_vs_context"]
-    for impl, n in sorted({(r["impl"], r["seqs"]) for r in rows}):
-        pts = sorted((r["ctx"], r["median"] * 1e3, r["min"] * 1e3, r["max"] * 1e3)
-                     for r in rows if r["impl"] == impl and r["seqs"] == n)
-        x, y, lo, hi = zip(*pts)
-        ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
-                    marker="o", capsize=3, label=f"{impl}, {n} seq{'s' if n > 1 else ''}")
-    for srv in servers or []:
-        for n in sorted({r["seqs"] for r in srv["rows"]}):
+
+    def series(rows: list[dict], label: str, **style) -> None:
+        """One line per batch size of ``rows`` (ms, min-max bars)."""
+        for n in sorted({r["seqs"] for r in rows}):
             pts = sorted((r["ctx"], r["median"] * 1e3, r["min"] * 1e3, r["max"] * 1e3)
-                         for r in srv["rows"] if r["seqs"] == n)
+                         for r in rows if r["seqs"] == n)
             x, y, lo, hi = zip(*pts)
             ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)],
-                                    [b - a for a, b in zip(y, hi)]], marker="s", ls="--",
-                        capsize=3, label=f"{srv['label']} server, {n} seq{'s' if n > 1 else ''}")
+                                    [b - a for a, b in zip(y, hi)]], capsize=3,
+                        label=f"{label}, {n} seq{'s' if n > 1 else ''}", **style)
+    rows = res["tpot_vs_context"]
+    for impl in sorted({r["impl"] for r in rows}):
+        series([r for r in rows if r["impl"] == impl], impl, marker="o")
+    for srv in servers or []:
+        series(srv["rows"], f"{srv['label']} server", marker="s", ls="--")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context (tokens)")

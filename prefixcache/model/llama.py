@@ -187,10 +187,10 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
         return torch.empty(0, cfg.vocab_size, device=model.device)
     x = F.embedding(batch.input_ids, model.embed)
     cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
-    in_place = decode_in_place(kv, cfg.num_attention_heads)
+    decode_kernel = decode_in_place(kv, cfg.num_attention_heads)
     prefill_kernel = prefill_in_place(kv, cfg.num_attention_heads)
-    plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size, in_place,
-                               prefill_kernel)
+    plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size,
+                               in_place=decode_kernel, prefill_in_place=prefill_kernel)
              for w in set(cfg.layer_sliding_windows)}
     for i, layer in enumerate(model.decoder_layers):
         q, k, v = layer.qkv(x, cos, sin)
