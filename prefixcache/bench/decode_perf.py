@@ -20,6 +20,10 @@ warm-up; the median and the spread (min-max) are reported:
 * ``prefill_ab``: a prefill step of 2,048 cold tokens, 256 new over 2k and 900 over 7.5k
   with the chunk's attention read in place by the CPU prefill kernel (the default)
   against torch's SDPA.
+* ``fused_ab``: decode steps of 1 and 8 sequences at 1k and a 2,048-token prefill step
+  with the decoder layer's elementwise ops fused (the default) against torch ops.
+* ``small_gemm_ab``: decode steps of 1, 4 and 8 sequences at 1k with the linears on the
+  weight-streaming kernel of 1-8 rows (the default) against oneDNN's packed kernel.
 * ``split_ab``: the same steps after a prefix with the kernel off, the chunk's attention
   split at the cached prefix (the CPU path without the kernel) against one masked call.
 * ``packed_ab``: decode steps of 1, 4 and 8 sequences at 1k context with the decoder's
@@ -153,8 +157,9 @@ def tpot_vs_context(model, hf, contexts=CONTEXTS, repeats: int = 3,
 def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
               bs: int = 16) -> list[dict]:
     """Rows ``{seqs, packed: {median, min, max}, f_linear: {...}, ratio: {...}}``: step
-    seconds with the decoder's projections packed or not, and the paired ratio
-    ``f_linear / packed`` of each round (> 1: packing is faster)."""
+    seconds with the decoder's projections packed or not (the weight-streaming kernel of
+    1-8 rows off in both), and the paired ratio ``f_linear / packed`` of each round (> 1:
+    packing is faster)."""
     projs = [p for layer in model.decoder_layers
              for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
     enabled = [p.enabled for p in projs]
@@ -169,7 +174,8 @@ def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
             p.enabled = e and on
         model(b, kv)
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), _env("PREFIXCACHE_SMALL_GEMM") as small:
+            small(False)
             for n in seqs:
                 b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
                 rows.append({"seqs": n, **_paired(partial(run, b, True), partial(run, b, False),
@@ -273,6 +279,48 @@ def prefill_ab(model, cases=((2048, 2048), (256, 2048), (900, 7500)), repeats: i
              for new, ctx in cases)
     return _switch_ab(model, "PREFIXCACHE_PREFILL_KERNEL", steps, repeats,
                       ("in_place", "torch"))
+
+
+def _steps_ab(model, var: str, names: tuple[str, str], decode_cases, prefill_cases,
+              repeats: int, bs: int) -> list[dict]:
+    """:func:`_switch_ab` of ``var`` over decode steps ``{seqs, ctx}`` and prefill steps
+    ``{new, ctx}`` (each built when its turn comes)."""
+    steps = [*(({"seqs": n, "ctx": ctx}, partial(_decode_step, model, n, ctx, bs))
+               for n, ctx in decode_cases),
+             *(({"new": new, "ctx": ctx}, partial(_prefill_step, model, new, ctx, bs))
+               for new, ctx in prefill_cases)]
+    return _switch_ab(model, var, ((label, make()) for label, make in steps), repeats, names)
+
+
+def fused_ab(model, decode_cases=((1, 1024), (8, 1024)), prefill_cases=((2048, 2048),),
+             repeats: int = 5, bs: int = 16) -> list[dict]:
+    """Rows ``{seqs, ctx}`` (decode) or ``{new, ctx}`` (prefill) with ``fused: {median,
+    min, max}, torch: {...}, ratio: {...}``: one step with the decoder layer's
+    elementwise ops fused (:mod:`prefixcache.model.kernels.fused_ops`: RoPE and the KV
+    write, SiLU times up, RMSNorm's scaling; the default) or as torch ops
+    (``PREFIXCACHE_FUSED_OPS=0``), the same bits either way, and the paired ratio
+    ``torch / fused``. Empty when the ops are unavailable."""
+    from prefixcache.model.kernels import fused_ops
+
+    if model.device.type != "cpu" or not fused_ops.available():
+        return []
+    return _steps_ab(model, "PREFIXCACHE_FUSED_OPS", ("fused", "torch"), decode_cases,
+                     prefill_cases, repeats, bs)
+
+
+def small_gemm_ab(model, decode_cases=((1, 1024), (4, 1024), (8, 1024)), repeats: int = 5,
+                  bs: int = 16) -> list[dict]:
+    """Rows ``{seqs, ctx, small: {median, min, max}, onednn: {...}, ratio: {...}}``: a
+    decode step with the linears of 1-8 rows on the weight-streaming kernel
+    (:mod:`prefixcache.model.kernels.small_gemm`, the default) or on oneDNN's packed
+    kernel (``F.linear`` at one row; ``PREFIXCACHE_SMALL_GEMM=0``), and the paired ratio
+    ``onednn / small``. Empty when the kernel is unavailable."""
+    from prefixcache.model.kernels import small_gemm
+
+    if model.device.type != "cpu" or small_gemm.load() is None:
+        return []
+    return _steps_ab(model, "PREFIXCACHE_SMALL_GEMM", ("small", "onednn"), decode_cases, (),
+                     repeats, bs)
 
 
 def split_ab(model, cases=((256, 2048), (900, 7500)), repeats: int = 3,
@@ -395,6 +443,8 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     packed = packed_ab(model, repeats=max(repeats, 5))
     in_place = kernel_ab(model, repeats=max(repeats, 5))
     prefill = prefill_ab(model, repeats=repeats)
+    fused = fused_ab(model, repeats=max(repeats, 5))
+    small = small_gemm_ab(model, repeats=max(repeats, 5))
     split = split_ab(model, repeats=repeats) if model.device.type == "cpu" else []
     bw = bandwidth_gbs()
     steps = {}
@@ -418,7 +468,8 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     return {"tpot_vs_context": rows, "bandwidth_gbs": bw, "bandwidth_bound": bound,
             "tpot_8k_over_512": flat, "batched_8_over_1_tok_s": batched,
             "step_breakdown": breakdown, "packed_ab": packed, "kernel_ab": in_place,
-            "prefill_ab": prefill, "split_ab": split,
+            "prefill_ab": prefill, "fused_ab": fused,
+            "small_gemm_ab": small, "split_ab": split,
             "goals": {"TPOT 8k <= 1.25x TPOT 512 (1 seq)": flat["1"] <= 1.25,
                       "TPOT 8k <= 1.25x TPOT 512 (8 seqs)": flat["8"] <= 1.25,
                       "8 seqs >= 5x tokens/s of 1 at 1k": batched >= 5.0,

@@ -98,6 +98,17 @@ def render_markdown(res: dict, meta: dict) -> list[str]:
                        "(the CPU kernel, default) against torch's SDPA",
                        ("new tokens over context", "in place", "SDPA"),
                        lambda r: f"{r['new']} over {r['ctx']}", "in_place", "torch")
+    lines += _ab_table(res.get("fused_ab"), "The decoder layer's elementwise ops fused "
+                       "(RoPE and the KV write, SiLU times up, RMSNorm's scaling; the same "
+                       "bits, default) against torch ops",
+                       ("step", "fused", "torch ops"),
+                       lambda r: (f"{r['seqs']} x {r['ctx']} decode" if "seqs" in r
+                                  else f"{r['new']} over {r['ctx']} prefill"), "fused", "torch")
+    lines += _ab_table(res.get("small_gemm_ab"), "Decode linears of 1-8 rows on the "
+                       "weight-streaming kernel (default) against oneDNN's packed kernel "
+                       "(`F.linear` at one row), 1k context",
+                       ("sequences", "streaming", "oneDNN"), lambda r: f"{r['seqs']}",
+                       "small", "onednn")
     lines += _ab_table(res.get("split_ab"), "Prefill after a cached prefix, kernel off: "
                        "attention split at the prefix (two flash calls merged by "
                        "log-sum-exp) against one masked SDPA call",

@@ -15,6 +15,11 @@ the :class:`KVPool`; the engine's model runner picks one per engine:
 * deterministic (:func:`prefixcache.model.deterministic.forward_deterministic`):
   batch-invariant tiles; cost figures are in ``benchmarks/``.
 
+On the CPU (float32), RoPE with the KV write, SiLU times up and RMSNorm's scaling run as
+fused ops that return torch's bits (:mod:`prefixcache.model.kernels.fused_ops`), and
+linears of 1-8 rows as a weight-streaming kernel (:mod:`~prefixcache.model.kernels.
+small_gemm`, via :class:`PackedLinear`).
+
 Limits: on the CPU, attention reads the KV pages in place (the paged decode and prefill
 kernels of :mod:`prefixcache.model.kernels`); elsewhere, or for sliding-window layers'
 prefill chunks, each sequence's context KV is gathered (copied) from its pages once per
@@ -37,16 +42,27 @@ from prefixcache.model.attention import (
 )
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.forward_batch import ForwardBatch
+from prefixcache.model.kernels import fused_ops
 from prefixcache.model.kv_pool import KVPool
 from prefixcache.model.packed_linear import PackedLinear
 from prefixcache.model.rope import RotaryEmbedding, apply_rope
 
 
+def fused(x: torch.Tensor) -> bool:
+    """Whether ``x``'s elementwise ops run as the exact fused CPU ops
+    (:mod:`prefixcache.model.kernels.fused_ops`): float32 rows on the CPU, ops built and
+    bit-identical here."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+            and x.stride(-1) == 1 and fused_ops.available())
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension, computed in float32, returned in ``x.dtype``."""
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return x32.to(x.dtype).mul_(weight)  # a new tensor either way: x is never written
+    r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if fused(x) and weight.dtype == torch.float32:
+        return fused_ops.rms_apply(x32, r, weight)  # the same bits in one pass
+    return (x32 * r).to(x.dtype).mul_(weight)  # a new tensor either way: x is never written
 
 
 def _param(*shape: int, device, dtype) -> nn.Parameter:
@@ -100,11 +116,31 @@ class DecoderLayer(nn.Module):
         q, k = qk.split([self.q_size // self.head_dim, self.kv_size // self.head_dim], dim=1)
         return q, k, v.unflatten(-1, (-1, self.head_dim))
 
+    def qkv_write(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVPool,
+                  layer: int, slot_mapping: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`qkv`, and the k and v of every row written to ``kv`` layer ``layer`` at
+        ``slot_mapping [N]`` (RoPE and the write are one fused pass where :func:`fused`)."""
+        if not (fused(x) and cos.dtype == torch.float32):
+            q, k, v = self.qkv(x, cos, sin)
+            kv.write(layer, slot_mapping, k, v)
+            return q, k, v
+        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps))
+        d = self.head_dim
+        fused_ops.rope_write(qkv, cos.contiguous(), sin.contiguous(), self.q_size // d,
+                             slot_mapping, kv.k[layer], kv.v[layer])
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return (q.unflatten(-1, (-1, d)), k.unflatten(-1, (-1, d)),
+                v.unflatten(-1, (-1, d)))
+
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
         ``attn [N, heads * d]``, then plus the SwiGLU MLP."""
         x = self.o_proj(attn, residual=x)
-        gate, up = self.gate_up_proj(rms_norm(x, self.post_norm, self.eps)).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(rms_norm(x, self.post_norm, self.eps))
+        if fused(gate_up):
+            return self.down_proj(fused_ops.silu_mul(gate_up), residual=x)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up), residual=x)
 
 
@@ -193,8 +229,7 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
                                in_place=decode_kernel, prefill_in_place=prefill_kernel)
              for w in set(cfg.layer_sliding_windows)}
     for i, layer in enumerate(model.decoder_layers):
-        q, k, v = layer.qkv(x, cos, sin)
-        kv.write(i, batch.slot_mapping, k, v)
+        q, k, v = layer.qkv_write(x, cos, sin, kv, i, batch.slot_mapping)
         attn = paged_attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])
         x = layer.finish(x, attn)
     return model.logits(x[batch.logits_indices])

@@ -13,14 +13,18 @@ against 8.7 ms and 10.2 ms prepacked (6.3 ms for 1 row either way; measured with
 own CPU compiler uses for frozen linear layers). vLLM's CPU backend prepacks its
 linear weights with oneDNN for the same reason.
 
-One row keeps ``F.linear`` (its GEMV path is as fast, and deterministic mode runs the
-head one row at a time, so its bits do not change). Anything but a float32 CPU weight,
-or a PyTorch without oneDNN, falls back to ``F.linear``.
+Steps of one to eight rows (decode) run the weight-streaming kernel of
+:mod:`prefixcache.model.kernels.small_gemm` instead, where it is built: faster than both
+at those sizes. Without it, one row keeps ``F.linear`` (its GEMV path is as fast as the
+packed one). Anything but a float32 CPU weight, or a PyTorch without oneDNN, falls back
+to ``F.linear``.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from prefixcache.model.kernels import small_gemm
 
 BATCH_HINT = 8  # rows the packed layout is tuned for (decode batches)
 
@@ -62,6 +66,14 @@ class PackedLinear:
         """``x @ weight.T + bias``, plus ``residual [N, out]`` when given. On the packed
         path the residual is added in the matrix product's epilogue (one pass less over
         the output; the same bits as adding it after: the sum of the same two floats)."""
+        if (self.enabled and 1 <= x.shape[0] <= small_gemm.MAX_ROWS and x.dim() == 2
+                and x.dtype == torch.float32 and x.stride(-1) == 1 and self.weight.is_contiguous()
+                and small_gemm.enabled() and small_gemm.load() is not None):
+            if residual is None or (residual.shape == (x.shape[0], self.weight.shape[0])
+                                    and residual.dtype == torch.float32
+                                    and residual.stride(-1) == 1):
+                return small_gemm.linear(x, self.weight, self.bias, residual)
+            return residual + small_gemm.linear(x, self.weight, self.bias)
         if (not self.enabled or x.shape[0] < 2 or x.dtype != torch.float32 or x.dim() != 2
                 or not self.prepack()):
             y = F.linear(x, self.weight, self.bias)

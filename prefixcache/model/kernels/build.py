@@ -5,10 +5,11 @@ needs them, into ``$PREFIXCACHE_KERNEL_DIR`` (default ``~/.cache/prefixcache/ker
 keyed by the sources, the flags, torch's version and the CPU's flags; later processes load
 the built library (about 30 s to build on the project's 2-core machine, once).
 
+The library holds the paged decode and prefill attention kernels, the fused elementwise
+ops of the decoder layer (``fused_ops.cpp``: compiled without fast-math by a pragma, since
+they must return torch's bits) and the linear kernel of 1-8 rows (``small_gemm.cpp``).
 ``PREFIXCACHE_CPU_KERNELS=0`` turns them all off (the model then runs torch ops only, as
-on CUDA). (Fused RMSNorm, RoPE and SwiGLU kernels were tried and dropped: 1-2% of a 2k
-prefill, and their rounding order moved logits off transformers' by up to 2.7e-4.)
-When the build fails (no compiler), :func:`load` logs why once and returns ``None``, and
+on CUDA). When the build fails (no compiler), :func:`load` logs why once and returns ``None``, and
 the model runs torch ops.
 """
 from __future__ import annotations
@@ -27,7 +28,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "bindings.cpp", HERE / "paged_decode.cpp", HERE / "paged_prefill.cpp"]
+SOURCES = [HERE / "bindings.cpp", HERE / "paged_decode.cpp", HERE / "paged_prefill.cpp",
+           HERE / "fused_ops.cpp", HERE / "small_gemm.cpp"]
 HEADERS = [HERE / "simd.h"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffast-math"]
 
