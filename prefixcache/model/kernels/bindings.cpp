@@ -9,6 +9,7 @@ void paged_prefill(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
 void rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_heads,
                 torch::Tensor slots, torch::Tensor k_pool, torch::Tensor v_pool);
 void silu_mul(torch::Tensor gate_up, torch::Tensor out);
+int64_t fused_vector_width();
 void rms_apply(torch::Tensor x, torch::Tensor r, torch::Tensor weight, torch::Tensor out);
 void small_linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias,
                   c10::optional<torch::Tensor> residual, torch::Tensor out);
@@ -18,6 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill", &paged_prefill, "paged causal prefill attention, KV read in place");
   m.def("rope_write", &rope_write, "RoPE of q and k in place and the KV write (exact)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (exact)");
+  m.def("fused_vector_width", &fused_vector_width, "lanes of silu_mul's vector exp");
   m.def("rms_apply", &rms_apply, "(x * r) * weight (exact)");
   m.def("small_linear", &small_linear, "x @ weight.T (+ bias) (+ residual) for 1-8 rows");
 }

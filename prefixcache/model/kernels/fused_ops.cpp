@@ -13,10 +13,18 @@
 #include <c10/util/BFloat16.h>
 #include <cmath>
 #include <cstdint>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
-// torch's vectorised exp (Vectorized<float>::exp on AVX-512), exported by libtorch_cpu
+#endif
+// torch's vectorised exp (Vectorized<float>::exp on AVX-512 / AVX2), exported by libtorch_cpu
+#ifdef __AVX512F__
 extern "C" __m512 Sleef_expf16_u10(__m512);
+constexpr int kVecWidth = 16;
+#elif defined(__AVX2__)
+extern "C" __m256 Sleef_expf8_u10(__m256);
+constexpr int kVecWidth = 8;
+#else
+constexpr int kVecWidth = 1;
 #endif
 
 #pragma GCC push_options
@@ -66,8 +74,9 @@ void rope_write_impl(float* qkv, int64_t row_stride, const float* cos, const flo
 }
 
 // silu(x) * u for n elements: torch's vector path (x / (1 + exp(-x)), Sleef's exp) on the
-// first whole 32-element blocks of the row, its scalar path (std::exp) on the rest, as
-// torch's cpu_kernel_vec loop does.
+// first whole blocks of two vectors of the row, its scalar path (std::exp) on the rest, as
+// torch's cpu_kernel_vec loop does (torch's vector width must be this build's: checked on
+// load by fused_ops.py).
 inline void silu_mul_row(const float* g, const float* u, float* o, int64_t n) {
   int64_t i = 0;
 #ifdef __AVX512F__
@@ -82,6 +91,16 @@ inline void silu_mul_row(const float* g, const float* u, float* o, int64_t n) {
     const __m512 s2 = _mm512_div_ps(x2, _mm512_add_ps(one, e2));
     _mm512_storeu_ps(o + i + 16, _mm512_mul_ps(s2, _mm512_loadu_ps(u + i + 16)));
     i += 16;
+  }
+#elif defined(__AVX2__)
+  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+  for (; i + 16 <= n; i += 16) {
+    for (int64_t j = i; j < i + 16; j += 8) {
+      const __m256 x = _mm256_loadu_ps(g + j);
+      const __m256 e = Sleef_expf8_u10(_mm256_xor_ps(sign, x));
+      const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+      _mm256_storeu_ps(o + j, _mm256_mul_ps(s, _mm256_loadu_ps(u + j)));
+    }
   }
 #endif
   for (; i < n; ++i) {
@@ -133,6 +152,9 @@ void rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t
                                    v_pool.data_ptr<c10::BFloat16>(), n, num_heads, Hkv, D);
   }
 }
+
+// Lanes of the vector exp silu_mul calls (16: AVX-512, 8: AVX2, 1: scalar only).
+int64_t fused_vector_width() { return kVecWidth; }
 
 // out [n, I] = silu(gate_up[:, :I]) * gate_up[:, I:] for gate_up [n, 2 I].
 void silu_mul(torch::Tensor gate_up, torch::Tensor out) {

@@ -13,8 +13,9 @@ roundings in the same order, so it returns the bits torch returns:
 elements of ``F.silu`` on its scalar path, so there the two can differ by a rounding at
 those elements; at one thread, the setting of the benchmarks, they agree everywhere.)
 
-The first :func:`available` call compares each op with the torch ops it replaces on
-random data (rows with and without a scalar tail); unless every bit agrees, the model
+The first :func:`available` call requires torch's CPU kernels to use this build's vector
+width (AVX-512 or AVX2), then compares each op with the torch ops it replaces on random
+data (rows with and without a scalar tail); unless every bit agrees, the model
 keeps the torch ops (logged once). ``PREFIXCACHE_FUSED_OPS=0`` or
 ``PREFIXCACHE_CPU_KERNELS=0`` turns them off. Built with the other CPU kernels
 (:mod:`.build`).
@@ -55,6 +56,19 @@ def available() -> bool:
                 mod = build.load()
                 _checked = mod is not None and _self_check()
     return _checked
+
+
+def torch_vector_width() -> int:
+    """Lanes of torch's float vectors in its CPU kernels here (16: AVX-512, 8: AVX2, else
+    1); the fused ``silu_mul`` returns torch's bits only where its build has the same
+    width (:func:`build_vector_width`)."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    return 16 if cap.startswith("AVX512") else 8 if cap == "AVX2" else 1
+
+
+def build_vector_width() -> int:
+    """Lanes of the fused ``silu_mul``'s vector exp in this build (16, 8 or 1)."""
+    return int(_module().fused_vector_width())
 
 
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
@@ -103,9 +117,13 @@ def _module():
 
 def _self_check() -> bool:
     """Each op against the torch ops it replaces, bit for bit, on random rows."""
+    if build_vector_width() != torch_vector_width():  # silu's split into vector and
+        log.warning("fused CPU ops built for %d-lane vectors, torch's kernels use %d: the "
+                    "model runs torch ops", build_vector_width(), torch_vector_width())
+        return False                                  # scalar parts would differ
     g = torch.Generator().manual_seed(0)
     bad = []
-    for width in (1000, 1536, 37):  # a scalar tail of 8, none, all scalar
+    for width in (1000, 1536, 37, 48):  # scalar tails of 8, none, 5 and 16
         gu = torch.randn(5, 2 * width, generator=g) * 4
         gate, up = gu.chunk(2, dim=-1)
         if not torch.equal(silu_mul(gu), F.silu(gate).mul_(up)):
