@@ -48,20 +48,15 @@ from prefixcache.model.packed_linear import PackedLinear
 from prefixcache.model.rope import RotaryEmbedding, apply_rope
 
 
-def fused(x: torch.Tensor) -> bool:
-    """Whether ``x``'s elementwise ops run as the exact fused CPU ops
-    (:mod:`prefixcache.model.kernels.fused_ops`): float32 rows on the CPU, ops built and
-    bit-identical here."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
-            and x.stride(-1) == 1 and fused_ops.available())
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dimension, computed in float32, returned in ``x.dtype``."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = False
+             ) -> torch.Tensor:
+    """RMSNorm over the last dimension, computed in float32, returned in ``x.dtype``.
+    ``fused``: the scaling runs as the exact fused CPU op (float32 rows, see
+    :meth:`PagedLlama.fused_ops`), the same bits in one pass."""
     x32 = x.float()
     r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    if fused(x) and weight.dtype == torch.float32:
-        return fused_ops.rms_apply(x32, r, weight)  # the same bits in one pass
+    if fused:
+        return fused_ops.rms_apply(x32, r, weight)
     return (x32 * r).to(x.dtype).mul_(weight)  # a new tensor either way: x is never written
 
 
@@ -106,39 +101,41 @@ class DecoderLayer(nn.Module):
         self.head_dim = d
         self.eps = cfg.rms_norm_eps
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Normed, projected, rotated q ``[N, heads, d]``, k and v ``[N, kv_heads, d]``
         for residual stream ``x [N, hidden]`` and RoPE ``cos``/``sin [N, d]``."""
-        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps))
+        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps, fused))
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         qk = apply_rope(qk.unflatten(-1, (-1, self.head_dim)), cos, sin)  # q and k together
         q, k = qk.split([self.q_size // self.head_dim, self.kv_size // self.head_dim], dim=1)
         return q, k, v.unflatten(-1, (-1, self.head_dim))
 
     def qkv_write(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVPool,
-                  layer: int, slot_mapping: torch.Tensor
+                  layer: int, slot_mapping: torch.Tensor, fused: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`qkv`, and the k and v of every row written to ``kv`` layer ``layer`` at
-        ``slot_mapping [N]`` (RoPE and the write are one fused pass where :func:`fused`)."""
-        if not (fused(x) and cos.dtype == torch.float32):
+        ``slot_mapping [N]``; with ``fused`` (see :meth:`PagedLlama.fused_ops`) RoPE and
+        the write are one pass over the projection, in place."""
+        if not fused:
             q, k, v = self.qkv(x, cos, sin)
             kv.write(layer, slot_mapping, k, v)
             return q, k, v
-        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps))
+        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps, fused))
         d = self.head_dim
-        fused_ops.rope_write(qkv, cos.contiguous(), sin.contiguous(), self.q_size // d,
-                             slot_mapping, kv.k[layer], kv.v[layer])
+        fused_ops.rope_write(qkv, cos, sin, self.q_size // d, slot_mapping, kv.k[layer],
+                             kv.v[layer])
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         return (q.unflatten(-1, (-1, d)), k.unflatten(-1, (-1, d)),
                 v.unflatten(-1, (-1, d)))
 
-    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def finish(self, x: torch.Tensor, attn: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
-        ``attn [N, heads * d]``, then plus the SwiGLU MLP."""
+        ``attn [N, heads * d]``, then plus the SwiGLU MLP (``fused``: RMSNorm's scaling and
+        SiLU times up as the exact fused ops)."""
         x = self.o_proj(attn, residual=x)
-        gate_up = self.gate_up_proj(rms_norm(x, self.post_norm, self.eps))
-        if fused(gate_up):
+        gate_up = self.gate_up_proj(rms_norm(x, self.post_norm, self.eps, fused))
+        if fused:
             return self.down_proj(fused_ops.silu_mul(gate_up), residual=x)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up), residual=x)
@@ -205,9 +202,16 @@ class PagedLlama(nn.Module):
         with ``allow_long_context``."""
         return max((s.ctx_len for s in batch.seqs), default=0)
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
+    def fused_ops(self) -> bool:
+        """Whether this step's elementwise ops run as the exact fused CPU ops of
+        :mod:`prefixcache.model.kernels.fused_ops` (a float32 CPU model, the ops built,
+        switched on and bit-identical to torch's here); decided once per step."""
+        return (self.device.type == "cpu" and self.dtype == torch.float32
+                and fused_ops.available())
+
+    def logits(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``."""
-        return self._lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps)).float()
+        return self._lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps, fused)).float()
 
 
 @torch.inference_mode()
@@ -225,11 +229,12 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
     cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
     decode_kernel = decode_in_place(kv, cfg.num_attention_heads)
     prefill_kernel = prefill_in_place(kv, cfg.num_attention_heads)
+    fused = model.fused_ops()
     plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size,
                                in_place=decode_kernel, prefill_in_place=prefill_kernel)
              for w in set(cfg.layer_sliding_windows)}
     for i, layer in enumerate(model.decoder_layers):
-        q, k, v = layer.qkv_write(x, cos, sin, kv, i, batch.slot_mapping)
+        q, k, v = layer.qkv_write(x, cos, sin, kv, i, batch.slot_mapping, fused)
         attn = paged_attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])
-        x = layer.finish(x, attn)
-    return model.logits(x[batch.logits_indices])
+        x = layer.finish(x, attn, fused)
+    return model.logits(x[batch.logits_indices], fused)
