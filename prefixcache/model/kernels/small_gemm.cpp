@@ -77,13 +77,15 @@ void run(const float* x, int64_t xs, const float* w, const float* bias, const fl
     const float* ws[kNB];
     for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t n0 = blk * kNB, nb = std::min<int64_t>(kNB, N - n0);
-      for (int i = 0; i < kNB; ++i) ws[i] = w + (n0 + std::min<int64_t>(i, nb - 1)) * K;
+      for (int64_t i = 0; i < nb; ++i) ws[i] = w + (n0 + i) * K;
       for (int64_t m0 = 0; m0 < M; m0 += MC) {
         const int64_t mc = std::min<int64_t>(MC, M - m0);
         for (int j = 0; j < MC; ++j) rows[j] = x + (m0 + std::min<int64_t>(j, mc - 1)) * xs;
-        if (nb == kNB) dot_block<kNB, MC>(ws, rows, K, res);
-        else dot_block<1, MC>(ws, rows, K, res), dot_block<1, MC>(ws + 1, rows, K, res + 1),
-             dot_block<1, MC>(ws + 2, rows, K, res + 2);
+        if (nb == kNB) {
+          dot_block<kNB, MC>(ws, rows, K, res);
+        } else {  // the last, partial block: one weight row at a time
+          for (int64_t i = 0; i < nb; ++i) dot_block<1, MC>(ws + i, rows, K, res + i);
+        }
         for (int64_t i = 0; i < nb; ++i) {
           const int64_t n = n0 + i;
           for (int64_t j = 0; j < mc; ++j) {
