@@ -225,6 +225,17 @@ def _decode_step(model, n: int, ctx: int, bs: int):
     return _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device), kv
 
 
+def _steps_ab(model, var: str, names: tuple[str, str], decode_cases, prefill_cases,
+              repeats: int, bs: int) -> list[dict]:
+    """:func:`_switch_ab` of ``var`` over decode steps ``{seqs, ctx}`` and prefill steps
+    ``{new, ctx}`` (each built when its turn comes)."""
+    steps = [*(({"seqs": n, "ctx": ctx}, partial(_decode_step, model, n, ctx, bs))
+               for n, ctx in decode_cases),
+             *(({"new": new, "ctx": ctx}, partial(_prefill_step, model, new, ctx, bs))
+               for new, ctx in prefill_cases)]
+    return _switch_ab(model, var, ((label, make()) for label, make in steps), repeats, names)
+
+
 def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
               repeats: int = 5, bs: int = 16) -> list[dict]:
     """Rows ``{seqs, ctx, in_place: {median, min, max}, gathered: {...}, ratio: {...}}``:
@@ -237,9 +248,8 @@ def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
 
     if model.device.type != "cpu" or paged_decode.load() is None:
         return []
-    steps = (({"seqs": n, "ctx": ctx}, _decode_step(model, n, ctx, bs)) for n, ctx in cases)
-    return _switch_ab(model, "PREFIXCACHE_DECODE_KERNEL", steps, repeats,
-                      ("in_place", "gathered"))
+    return _steps_ab(model, "PREFIXCACHE_DECODE_KERNEL", ("in_place", "gathered"), cases, (),
+                     repeats, bs)
 
 
 def _prefill_step(model, new: int, ctx: int, bs: int):
@@ -275,21 +285,8 @@ def prefill_ab(model, cases=((2048, 2048), (256, 2048), (900, 7500)), repeats: i
 
     if model.device.type != "cpu" or paged_prefill.load() is None:
         return []
-    steps = (({"new": new, "ctx": ctx}, _prefill_step(model, new, ctx, bs))
-             for new, ctx in cases)
-    return _switch_ab(model, "PREFIXCACHE_PREFILL_KERNEL", steps, repeats,
-                      ("in_place", "torch"))
-
-
-def _steps_ab(model, var: str, names: tuple[str, str], decode_cases, prefill_cases,
-              repeats: int, bs: int) -> list[dict]:
-    """:func:`_switch_ab` of ``var`` over decode steps ``{seqs, ctx}`` and prefill steps
-    ``{new, ctx}`` (each built when its turn comes)."""
-    steps = [*(({"seqs": n, "ctx": ctx}, partial(_decode_step, model, n, ctx, bs))
-               for n, ctx in decode_cases),
-             *(({"new": new, "ctx": ctx}, partial(_prefill_step, model, new, ctx, bs))
-               for new, ctx in prefill_cases)]
-    return _switch_ab(model, var, ((label, make()) for label, make in steps), repeats, names)
+    return _steps_ab(model, "PREFIXCACHE_PREFILL_KERNEL", ("in_place", "torch"), (), cases,
+                     repeats, bs)
 
 
 def fused_ab(model, decode_cases=((1, 1024), (8, 1024)), prefill_cases=((2048, 2048),),

@@ -120,6 +120,28 @@ def test_kernel_prefill_and_split_ab_measure_both_ways_and_restore_the_defaults(
     assert os.environ["PREFIXCACHE_PREFILL_KERNEL"] == "1"
 
 
+def test_fused_and_small_gemm_ab_measure_both_ways_and_restore_the_switches(monkeypatch):
+    import os
+
+    from prefixcache.model.kernels import fused_ops, small_gemm
+
+    monkeypatch.delenv("PREFIXCACHE_FUSED_OPS", raising=False)
+    monkeypatch.setenv("PREFIXCACHE_SMALL_GEMM", "1")
+    ours = _tiny_ours()
+    fused = decode_perf.fused_ab(ours, decode_cases=((2, 64),), prefill_cases=((16, 40),),
+                                 repeats=2)
+    if fused_ops.available():
+        assert [(r.get("seqs"), r.get("new"), r["ctx"]) for r in fused] == [
+            (2, None, 64), (None, 16, 40)]
+        assert all(r["fused"]["min"] > 0 and r["torch"]["min"] > 0 for r in fused)
+    assert "PREFIXCACHE_FUSED_OPS" not in os.environ
+    small = decode_perf.small_gemm_ab(ours, decode_cases=((1, 32), (4, 32)), repeats=2)
+    if small_gemm.load() is not None:
+        assert [(r["seqs"], r["ctx"]) for r in small] == [(1, 32), (4, 32)]
+        assert all(r["small"]["min"] > 0 and r["onednn"]["min"] > 0 for r in small)
+    assert os.environ["PREFIXCACHE_SMALL_GEMM"] == "1"
+
+
 def test_report_renders_the_ab_tables_and_server_series(tmp_path):
     import json
 
@@ -129,7 +151,13 @@ def test_report_renders_the_ab_tables_and_server_series(tmp_path):
            "split_ab": [{"new": 900, "ctx": 7500, "split": spread, "masked": spread,
                          "ratio": {"median": 1.2, "min": 1.1, "max": 1.3}}],
            "prefill_ab": [{"new": 2048, "ctx": 2048, "in_place": spread, "torch": spread,
-                           "ratio": {"median": 1.3, "min": 1.25, "max": 1.35}}]}
+                           "ratio": {"median": 1.3, "min": 1.25, "max": 1.35}}],
+           "fused_ab": [{"seqs": 8, "ctx": 1024, "fused": spread, "torch": spread,
+                         "ratio": {"median": 1.06, "min": 1.02, "max": 1.19}},
+                        {"new": 256, "ctx": 2048, "fused": spread, "torch": spread,
+                         "ratio": {"median": 1.05, "min": 1.03, "max": 1.11}}],
+           "small_gemm_ab": [{"seqs": 4, "ctx": 1024, "small": spread, "onednn": spread,
+                              "ratio": {"median": 1.14, "min": 1.08, "max": 1.25}}]}
     base = {"tpot_vs_context": [{"ctx": 512, "seqs": 1, "impl": "ours", **spread}],
             "tpot_8k_over_512": {"1": 1.0, "8": 1.0}, "batched_8_over_1_tok_s": 1.0,
             "step_breakdown": {"seqs": 8, "ctx": 1024, "steps_measured": 3, "host_share": 0.1,
@@ -141,6 +169,9 @@ def test_report_renders_the_ab_tables_and_server_series(tmp_path):
     assert "| 8 x 4096 | 20.0 [10-30] | 20.0 [10-30] | 1.50x [1.40-1.60] |" in text
     assert "| 900 over 7500 | 20.0 [10-30] | 20.0 [10-30] | 1.20x [1.10-1.30] |" in text
     assert "| 2048 over 2048 | 20.0 [10-30] | 20.0 [10-30] | 1.30x [1.25-1.35] |" in text
+    assert "| 8 x 1024 decode | 20.0 [10-30] | 20.0 [10-30] | 1.06x [1.02-1.19] |" in text
+    assert "| 256 over 2048 prefill | 20.0 [10-30] | 20.0 [10-30] | 1.05x [1.03-1.11] |" in text
+    assert "| 4 | 20.0 [10-30] | 20.0 [10-30] | 1.14x [1.08-1.25] |" in text
     (tmp_path / "tpot_server_vllm.json").write_text(json.dumps(
         {"label": "vllm", "rows": [{"ctx": 512, "seqs": 1, **spread},
                                    {"ctx": 1024, "seqs": 1, **spread}]}))
