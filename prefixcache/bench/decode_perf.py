@@ -26,6 +26,10 @@ warm-up; the median and the spread (min-max) are reported:
   weight-streaming kernel of 1-8 rows (the default) against oneDNN's packed kernel.
 * ``split_ab``: the same steps after a prefix with the kernel off, the chunk's attention
   split at the cached prefix (the CPU path without the kernel) against one masked call.
+* ``huge_pages_ab``: decode steps of 1 and 8 sequences at 1k and of 1 at 8k with the
+  weights and the KV pool on transparent huge pages (:mod:`prefixcache.model.host_memory`,
+  the default) against 4 KiB pages (``PREFIXCACHE_HUGE_PAGES=0``): two copies of the
+  model, loaded one under each setting.
 * ``packed_ab``: decode steps of 1, 4 and 8 sequences at 1k context with the decoder's
   linear layers prepacked for oneDNN (:class:`~prefixcache.model.packed_linear.
   PackedLinear`, the default) against plain ``F.linear`` (packing switched off).
@@ -84,6 +88,17 @@ def _paired(default: Callable[[], object], other: Callable[[], object], repeats:
             "ratio": _spread([o / d for d, o in zip(*times)])}
 
 
+def _random_pool(model, num_pages: int, bs: int):
+    """A KV pool of ``num_pages`` pages, every element written (normal noise): a step's
+    cost does not depend on the values, but pages never written would all read one
+    shared zero page."""
+    kv = model.new_kv_pool(num_pages, bs)
+    for k, v in zip(kv.k, kv.v):
+        k.normal_()
+        v.normal_()
+    return kv
+
+
 def _decode_batch(nseq: int, ctx: int, pages: list[int], bs: int, vocab: int,
                   device: torch.device | str = "cpu"):
     from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
@@ -122,10 +137,7 @@ def tpot_vs_context(model, hf, contexts=CONTEXTS, repeats: int = 3,
     rows = []
     for ctx in contexts:
         per = -(-ctx // bs)
-        kv = model.new_kv_pool(8 * per + 1, bs)
-        for k, v in zip(kv.k, kv.v):
-            k.normal_()
-            v.normal_()
+        kv = _random_pool(model, 8 * per + 1, bs)
         pages = list(range(kv.num_pages))
         random.Random(ctx).shuffle(pages)
         fns: dict[str, Callable[[], object]] = {}
@@ -164,7 +176,7 @@ def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
              for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
     enabled = [p.enabled for p in projs]
     per = -(-ctx // bs)
-    kv = model.new_kv_pool(max(seqs) * per + 1, bs)
+    kv = _random_pool(model, max(seqs) * per + 1, bs)
     pages = list(range(kv.num_pages))
     random.Random(1).shuffle(pages)
     rows = []
@@ -219,7 +231,7 @@ def _switch_ab(model, var: str, steps, repeats: int, names: tuple[str, str]) -> 
 
 def _decode_step(model, n: int, ctx: int, bs: int):
     """A pool and a batch of ``n`` sequences decoding at ``ctx``, pages shuffled."""
-    kv = model.new_kv_pool(n * -(-ctx // bs) + 1, bs)
+    kv = _random_pool(model, n * -(-ctx // bs) + 1, bs)
     pages = list(range(kv.num_pages))
     random.Random(ctx).shuffle(pages)
     return _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device), kv
@@ -258,10 +270,7 @@ def _prefill_step(model, new: int, ctx: int, bs: int):
     from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
 
     pages = -(-ctx // bs)
-    kv = model.new_kv_pool(pages + 1, bs)
-    for k, v in zip(kv.k, kv.v):
-        k.normal_()
-        v.normal_()
+    kv = _random_pool(model, pages + 1, bs)
     first, dev = ctx - new, model.device
     g = torch.Generator().manual_seed(ctx)
     ids = torch.randint(0, model.config.vocab_size, (new,), generator=g).to(dev)
@@ -318,6 +327,37 @@ def small_gemm_ab(model, decode_cases=((1, 1024), (4, 1024), (8, 1024)), repeats
         return []
     return _steps_ab(model, "PREFIXCACHE_SMALL_GEMM", ("small", "onednn"), decode_cases, (),
                      repeats, bs)
+
+
+def huge_pages_ab(model_dir: Path, dtype: str,
+                  decode_cases=((1, 1024), (8, 1024), (1, 8192)), repeats: int = 5,
+                  bs: int = 16) -> list[dict]:
+    """Rows ``{seqs, ctx, huge: {median, min, max}, small_pages: {...}, ratio: {...}}``: a
+    decode step of the model loaded (weights and KV pool) on huge pages (the default) and
+    of a second copy loaded with ``PREFIXCACHE_HUGE_PAGES=0``, and the paired ratio
+    ``small_pages / huge``. Empty where no huge pages are advised (not Linux)."""
+    from prefixcache.model import host_memory
+    from prefixcache.model.loader import load_model
+
+    if not host_memory.huge_pages_enabled():
+        return []
+    names = ("huge", "small_pages")
+    models = {}
+    with _env("PREFIXCACHE_HUGE_PAGES") as switch:
+        for name in names:
+            switch(name == "huge")
+            models[name] = load_model(str(model_dir), "cpu", getattr(torch, dtype)).model
+        rows = []
+        for n, ctx in decode_cases:
+            steps = {}
+            for name in names:
+                switch(name == "huge")
+                steps[name] = _decode_step(models[name], n, ctx, bs)
+            with torch.inference_mode():
+                huge, small = (partial(models[name], *steps[name]) for name in names)
+                rows.append({"seqs": n, "ctx": ctx, **_paired(huge, small, repeats, names)})
+            del steps
+    return rows
 
 
 def split_ab(model, cases=((256, 2048), (900, 7500)), repeats: int = 3,
@@ -443,12 +483,13 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     fused = fused_ab(model, repeats=max(repeats, 5))
     small = small_gemm_ab(model, repeats=max(repeats, 5))
     split = split_ab(model, repeats=repeats) if model.device.type == "cpu" else []
+    huge = huge_pages_ab(model_dir, dtype, repeats=max(repeats, 5))
     bw = bandwidth_gbs()
     steps = {}
     for name in ("float32", "bfloat16"):
         m = model if name == dtype else load_model(str(model_dir), "cpu",
                                                    getattr(torch, name)).model
-        kv = m.new_kv_pool(80, 16)
+        kv = _random_pool(m, 80, 16)
         b = _decode_batch(1, 1024, list(range(80)), 16, m.config.vocab_size)
         steps[name] = (m, kv, b)
     with torch.inference_mode():
@@ -466,7 +507,7 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
             "tpot_8k_over_512": flat, "batched_8_over_1_tok_s": batched,
             "step_breakdown": breakdown, "packed_ab": packed, "kernel_ab": in_place,
             "prefill_ab": prefill, "fused_ab": fused,
-            "small_gemm_ab": small, "split_ab": split,
+            "small_gemm_ab": small, "split_ab": split, "huge_pages_ab": huge,
             "goals": {"TPOT 8k <= 1.25x TPOT 512 (1 seq)": flat["1"] <= 1.25,
                       "TPOT 8k <= 1.25x TPOT 512 (8 seqs)": flat["8"] <= 1.25,
                       "8 seqs >= 5x tokens/s of 1 at 1k": batched >= 5.0,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+import prefixcache.model.host_memory as host_memory
+
 
 class KVPool:
     """Preallocated KV tensors.
@@ -25,8 +27,8 @@ class KVPool:
     def __init__(self, num_layers: int, num_pages: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str):
         shape = (num_pages, block_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [host_memory.zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [host_memory.zeros(shape, dtype, device) for _ in range(num_layers)]
         self.num_pages = num_pages
         self.block_size = block_size
         self.dtype = dtype

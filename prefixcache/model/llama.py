@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import prefixcache.model.host_memory as host_memory
 from prefixcache.model.attention import (
     decode_in_place,
     paged_attention,
@@ -60,8 +61,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = Fa
     return (x32 * r).to(x.dtype).mul_(weight)  # a new tensor either way: x is never written
 
 
-def _param(*shape: int, device, dtype) -> nn.Parameter:
-    return nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
+def _param(*shape: int, device, dtype, arena: host_memory.HugePageArena | None = None
+           ) -> nn.Parameter:
+    return nn.Parameter(host_memory.empty(shape, dtype, device, arena), requires_grad=False)
 
 
 class DecoderLayer(nn.Module):
@@ -76,9 +78,10 @@ class DecoderLayer(nn.Module):
         same weights as :class:`PackedLinear` (prepacked for steps of two rows or more).
     """
 
-    def __init__(self, cfg: ModelConfig, device, dtype):
+    def __init__(self, cfg: ModelConfig, device, dtype,
+                 arena: host_memory.HugePageArena | None = None):
         super().__init__()
-        p = lambda *shape: _param(*shape, device=device, dtype=dtype)  # noqa: E731
+        p = lambda *shape: _param(*shape, device=device, dtype=dtype, arena=arena)  # noqa: E731
         h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
         self.input_norm = p(h)
@@ -161,13 +164,15 @@ class PagedLlama(nn.Module):
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
-        kw = dict(device=self.device, dtype=dtype)
-        self.embed = _param(config.vocab_size, config.hidden_size, **kw)
-        self.layers = nn.ModuleList(DecoderLayer(config, **kw)
+        # CPU weights on huge pages (host_memory): a one-row decode step reads them all
+        arena = host_memory.HugePageArena()
+        p = lambda *shape: _param(*shape, device=self.device, dtype=dtype, arena=arena)  # noqa: E731
+        self.embed = p(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, self.device, dtype, arena)
                                     for _ in range(config.num_hidden_layers))
-        self.norm = _param(config.hidden_size, **kw)
-        self.lm_head = self.embed if config.tie_word_embeddings else _param(
-            config.vocab_size, config.hidden_size, **kw)
+        self.norm = p(config.hidden_size)
+        self.lm_head = self.embed if config.tie_word_embeddings else p(
+            config.vocab_size, config.hidden_size)
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
                                     self.device)
         self._lm_head = PackedLinear(self.lm_head)

@@ -55,3 +55,108 @@ def test_opt_out_leaves_the_defaults(monkeypatch):
     monkeypatch.setattr(host_memory, "_done", None)
     assert host_memory.keep_freed_memory() is False
     monkeypatch.setattr(host_memory, "_done", None)  # leave the next caller a fresh state
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "absent"
+    return text.split("[")[1].split("]")[0]
+
+
+def _huge_kib(addr: int) -> int | None:
+    """AnonHugePages (KiB) of the mapping holding ``addr``; None when unmapped."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            if lo <= addr < hi:
+                for row in lines[i + 1:]:
+                    if row.startswith("AnonHugePages:"):
+                        return int(row.split()[1])
+    return None
+
+
+needs_thp = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or _thp_mode() not in ("always", "madvise"),
+    reason="transparent huge pages disabled on this machine "
+           "(/sys/kernel/mm/transparent_hugepage/enabled)")
+
+
+@needs_thp
+def test_large_tensors_sit_on_huge_pages_from_their_first_write():
+    import torch
+
+    from prefixcache.model import host_memory
+
+    t = host_memory.zeros((64, 16, 4, 256), torch.float32)  # 4 MiB: a mapping of its own
+    assert t.shape == (64, 16, 4, 256) and t.is_contiguous() and t.dtype == torch.float32
+    assert t.data_ptr() % host_memory.HUGE_PAGE == 0
+    assert torch.count_nonzero(t).item() == 0          # a fresh mapping reads as zero
+    assert _huge_kib(t.data_ptr()) == 0                 # and nothing is faulted in yet
+    t.fill_(1.5)
+    assert _huge_kib(t.data_ptr()) == 4096              # both 2 MiB pages, on first write
+    addr = t.data_ptr()
+    del t
+    assert _huge_kib(addr) is None                      # unmapped with its last tensor
+
+
+@needs_thp
+def test_arena_tensors_share_huge_pages_but_not_storage():
+    import torch
+
+    from prefixcache.model import host_memory
+
+    arena = host_memory.HugePageArena(chunk_bytes=8 * 1024 * 1024)
+    a = arena.empty((576,), torch.float32)
+    b = arena.empty((960, 576), torch.bfloat16)
+    c = arena.empty((3, 5), torch.float32)
+    assert [x.data_ptr() % 64 for x in (a, b, c)] == [0, 0, 0]
+    assert b.data_ptr() == a.data_ptr() + 576 * 4 and c.data_ptr() == b.data_ptr() + 960 * 576 * 2
+    v = b._version
+    a.add_(1.0)
+    c.mul_(2.0)
+    assert b._version == v          # own version counters: a packed copy of b stays valid
+    b.fill_(2.0)
+    assert a.sum().item() == 576.0 and c.sum().item() == 0.0
+    assert b.float().sum().item() == 2.0 * 960 * 576
+    assert _huge_kib(a.data_ptr()) == 2048
+    big = arena.empty((1024, 1024, 3), torch.float32)  # above a quarter chunk: its own
+    assert big.data_ptr() % host_memory.HUGE_PAGE == 0
+
+
+def test_huge_pages_opt_out(monkeypatch):
+    import torch
+
+    from prefixcache.model import host_memory
+
+    monkeypatch.setenv("PREFIXCACHE_HUGE_PAGES", "0")
+    assert host_memory.huge_pages_enabled() is False
+    t = host_memory.zeros((64, 16, 4, 256), torch.float32)
+    assert torch.count_nonzero(t).item() == 0 and t.is_contiguous()
+    arena = host_memory.HugePageArena()
+    x = host_memory.empty((7, 3), torch.float32, "cpu", arena)
+    assert x.shape == (7, 3) and arena._chunk is None   # the arena is bypassed
+
+
+@needs_thp
+def test_model_weights_and_pool_on_huge_pages():
+    import torch
+
+    from prefixcache.model.config import ModelConfig
+    from prefixcache.model.llama import PagedLlama
+
+    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=4096, hidden_size=256,
+                      intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64)
+    m = PagedLlama(cfg, "cpu", torch.float32)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_()
+    layer = m.decoder_layers[0]
+    assert _huge_kib(layer.qkv_weight.data_ptr()) > 0     # 512 KiB weights share an arena
+    kv = m.new_kv_pool(512, 16)                            # 4 MiB a layer
+    kv.k[0].normal_()
+    assert _huge_kib(kv.k[0].data_ptr()) == 4096

@@ -181,11 +181,57 @@ inline v16 dots16(const v16* q, const T* k0, int64_t stride) {
   return __builtin_shuffle(u[0], u[1], l4a) + __builtin_shuffle(u[0], u[1], l4b);
 }
 
+// Lane masks of a page's tokens [t0, t1) in kBitrev order: 0 / -1e30 to add to the scores
+// and 1 / 0 to multiply their exps by (exp16 clamps at -100, so masked lanes are zeroed).
+struct PageMask {
+  v16 add, keep;
+  PageMask(int64_t t0, int64_t t1) {
+    for (int j = 0; j < 16; ++j) {
+      const bool in = kBitrev[j] >= t0 && kBitrev[j] < t1;
+      add[j] = in ? 0.f : -1e30f;  // finite: built with -ffast-math
+      keep[j] = in ? 1.f : 0.f;
+    }
+  }
+};
+
+// GB query heads of one KV head over one 16-token page: scores (one transpose-and-add
+// tree each), the online softmax on whole vectors, then P V with GB * NC independent
+// accumulators, each V vector loaded once for all GB heads.
+template <typename T, int NC, int GB>
+inline void page_heads(const v16* qv, v16* acc, Row* row, const T* kp, const T* vp,
+                       int64_t stride, int64_t t0, int64_t t1, const PageMask* mask) {
+  alignas(64) float e[GB][16];
+  v16 a[GB][NC];
+  for (int g = 0; g < GB; ++g) {
+    v16 sv = dots16<T, NC>(qv + g * NC, kp, stride);
+    if (mask != nullptr) sv += mask->add;
+    const float mx = std::max(row[g].m, hmax16(sv));
+    v16 ev = exp16(sv - splat(mx));
+    if (mask != nullptr) ev *= mask->keep;
+    const float corr = std::exp(row[g].m - mx);
+    row[g] = {mx, row[g].l * corr + hsum16(ev)};
+    __builtin_memcpy(e[g], &ev, sizeof(ev));
+    for (int c = 0; c < NC; ++c) a[g][c] = acc[g * NC + c] * splat(corr);
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* vt = vp + t * stride;
+    v16 vc[NC];
+    for (int c = 0; c < NC; ++c) vc[c] = load16(vt + 16 * c);
+    for (int g = 0; g < GB; ++g) {
+      const v16 et = splat(e[g][kBitrev[t]]);
+      for (int c = 0; c < NC; ++c) a[g][c] += et * vc[c];
+    }
+  }
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < NC; ++c) acc[g * NC + c] = a[g][c];
+}
+
 template <typename T, int64_t D>
 void decode16(const float* q, const T* k, const T* v, const int64_t* table,
               const int64_t* ctx, float* out, int64_t B, int64_t Hq, int64_t Hkv,
               int64_t max_pages, int64_t window, float scale) {
   constexpr int NC = static_cast<int>(D / 16);
+  constexpr int GB = NC <= 4 ? 4 : 2;  // query heads per P V block (GB * NC accumulators)
   constexpr int64_t bs = 16;
   const int64_t G = Hq / Hkv;
   const int64_t tok_stride = Hkv * D;
@@ -213,38 +259,30 @@ void decode16(const float* q, const T* k, const T* v, const int64_t* table,
           const int64_t next = pages[p + kAhead] * bs * tok_stride + h0 * D;
           const char* kn = reinterpret_cast<const char*>(k + next);
           const char* vn = reinterpret_cast<const char*>(v + next);
+          const int64_t span = (h1 - h0) * D * int64_t(sizeof(T));
+          const int64_t tb = tok_stride * int64_t(sizeof(T));
           for (int64_t t = 0; t < bs; ++t) {
-            for (int64_t off = 0; off < (h1 - h0) * D * int64_t(sizeof(T)); off += 64) {
-              __builtin_prefetch(kn + t * tok_stride * int64_t(sizeof(T)) + off);
-              __builtin_prefetch(vn + t * tok_stride * int64_t(sizeof(T)) + off);
+            for (int64_t off = 0; off < span; off += 64) {
+              __builtin_prefetch(kn + t * tb + off);
+              __builtin_prefetch(vn + t * tb + off);
             }
           }
         }
+        const PageMask pm(t0, t1);
+        const PageMask* mask = t0 == 0 && t1 == bs ? nullptr : &pm;
         for (int64_t h = h0; h < h1; ++h) {
-          for (int64_t g = 0; g < G; ++g) {
+          for (int64_t g = 0; g < G; g += GB) {
             const int64_t r = h * G + g;
-            float lanes[16], e[16];
-            const v16 sv = dots16<T, NC>(&qv[r * NC], kp + h * D, tok_stride);
-            __builtin_memcpy(lanes, &sv, sizeof(lanes));
-            float mx = row[r].m;
-            for (int64_t t = t0; t < t1; ++t) mx = std::max(mx, lanes[kBitrev[t]]);
-            const v16 ev = exp16(sv - splat(mx));
-            __builtin_memcpy(lanes, &ev, sizeof(lanes));
-            float sum = 0.f;
-            for (int64_t t = t0; t < t1; ++t) {
-              e[t] = lanes[kBitrev[t]];
-              sum += e[t];
+            const v16* qr = &qv[r * NC];
+            v16* ar = &acc[r * NC];
+            const T* kh = kp + h * D;
+            const T* vh = vp + h * D;
+            switch (std::min<int64_t>(GB, G - g)) {
+              case 1: page_heads<T, NC, 1>(qr, ar, &row[r], kh, vh, tok_stride, t0, t1, mask); break;
+              case 2: page_heads<T, NC, 2>(qr, ar, &row[r], kh, vh, tok_stride, t0, t1, mask); break;
+              case 3: page_heads<T, NC, 3>(qr, ar, &row[r], kh, vh, tok_stride, t0, t1, mask); break;
+              default: page_heads<T, NC, GB>(qr, ar, &row[r], kh, vh, tok_stride, t0, t1, mask);
             }
-            const float corr = std::exp(row[r].m - mx);
-            row[r] = {mx, row[r].l * corr + sum};
-            v16 a[NC];
-            for (int c = 0; c < NC; ++c) a[c] = acc[r * NC + c] * splat(corr);
-            for (int64_t t = t0; t < t1; ++t) {
-              const T* vt = vp + t * tok_stride + h * D;
-              const v16 et = splat(e[t]);
-              for (int c = 0; c < NC; ++c) a[c] += et * load16(vt + 16 * c);
-            }
-            for (int c = 0; c < NC; ++c) acc[r * NC + c] = a[c];
           }
         }
       }

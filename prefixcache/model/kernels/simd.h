@@ -53,4 +53,25 @@ inline v16 exp16(v16 x) {
 #endif
 }
 
+// Horizontal max and sum of 16 lanes.
+inline float hmax16(v16 x) {
+#ifdef __AVX512F__
+  return _mm512_reduce_max_ps(reinterpret_cast<__m512>(x));
+#else
+  float m = x[0];
+  for (int i = 1; i < 16; ++i) m = m > x[i] ? m : x[i];
+  return m;
+#endif
+}
+
+inline float hsum16(v16 x) {
+#ifdef __AVX512F__
+  return _mm512_reduce_add_ps(reinterpret_cast<__m512>(x));
+#else
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += x[i];
+  return s;
+#endif
+}
+
 }  // namespace prefixcache_simd
