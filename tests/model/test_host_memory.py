@@ -160,3 +160,36 @@ def test_model_weights_and_pool_on_huge_pages():
     kv = m.new_kv_pool(512, 16)                            # 4 MiB a layer
     kv.k[0].normal_()
     assert _huge_kib(kv.k[0].data_ptr()) == 4096
+
+
+HEAP_PROBE = r"""
+from prefixcache.model import host_memory
+host_memory.keep_freed_memory()
+advised, name = 0, ""
+for line in open("/proc/self/smaps"):
+    head = line.split()
+    if head and "-" in head[0] and ":" not in head[0]:
+        lo, hi = (int(v, 16) for v in head[0].split("-"))
+        name = head[-1] if len(head) >= 6 else ""
+    elif line.startswith("VmFlags:") and name == "[heap]" and " hg" in line:
+        advised += hi - lo
+print(advised)
+"""
+
+
+@needs_thp
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's heap only")
+@pytest.mark.parametrize("env,want", [("1", True), ("0", False)])
+def test_heap_grown_and_advised_for_huge_pages(env, want):
+    import os
+
+    from prefixcache.model import host_memory
+
+    out = subprocess.run([sys.executable, "-c", HEAP_PROBE], check=True, capture_output=True,
+                         text=True, env={**os.environ, "PREFIXCACHE_HUGE_PAGES": env}).stdout
+    advised = int(out)
+    if want:  # all of the reserve but its unaligned ends
+        assert host_memory.HEAP_RESERVE - 2 * host_memory.HEAP_STEP <= advised
+        assert advised <= host_memory.HEAP_RESERVE + host_memory.HEAP_STEP
+    else:
+        assert advised == 0
