@@ -335,7 +335,9 @@ def huge_pages_ab(model_dir: Path, dtype: str,
     """Rows ``{seqs, ctx, huge: {median, min, max}, small_pages: {...}, ratio: {...}}``: a
     decode step of the model loaded (weights and KV pool) on huge pages (the default) and
     of a second copy loaded with ``PREFIXCACHE_HUGE_PAGES=0``, and the paired ratio
-    ``small_pages / huge``. Empty where no huge pages are advised (not Linux)."""
+    ``small_pages / huge``. Only the weights and pool differ: the heap (activations) is
+    set up once per process, and is left unadvised for both when this is the process's
+    first model load. Empty where no huge pages are advised (not Linux)."""
     from prefixcache.model import host_memory
     from prefixcache.model.loader import load_model
 
@@ -344,7 +346,9 @@ def huge_pages_ab(model_dir: Path, dtype: str,
     names = ("huge", "small_pages")
     models = {}
     with _env("PREFIXCACHE_HUGE_PAGES") as switch:
-        for name in names:
+        # 4 KiB first: the process's one heap set-up (host_memory.keep_freed_memory) then
+        # leaves the heap unadvised, so that copy's weights do not land on huge pages
+        for name in reversed(names):
             switch(name == "huge")
             models[name] = load_model(str(model_dir), "cpu", getattr(torch, dtype)).model
         rows = []
