@@ -193,3 +193,15 @@ def test_heap_grown_and_advised_for_huge_pages(env, want):
         assert advised <= host_memory.HEAP_RESERVE + host_memory.HEAP_STEP
     else:
         assert advised == 0
+
+
+def test_empty_shapes_come_back_as_plain_tensors():
+    import torch
+
+    from prefixcache.model import host_memory
+
+    arena = host_memory.HugePageArena()
+    for t in (host_memory.empty((0, 576), torch.float32, "cpu", arena),
+              host_memory.zeros((0, 16, 3, 64), torch.bfloat16)):
+        assert t.numel() == 0 and t.dim() >= 2
+    assert arena._chunk is None
