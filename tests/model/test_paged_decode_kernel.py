@@ -36,7 +36,11 @@ def reference(q, k_pool, v_pool, table, ctx, window):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads,kvh,d,bs", [(9, 3, 64, 16), (4, 4, 32, 8), (16, 2, 128, 32)])
+@pytest.mark.parametrize("heads,kvh,d,bs", [
+    (9, 3, 64, 16), (4, 4, 32, 8), (16, 2, 128, 32),
+    # the 16-token fast path's head blocks: 1 and 2 query heads per KV head, 7 = 4 + 3
+    # (head_dim 64), 6 = 2 + 2 + 2 (head_dim 128)
+    (8, 8, 64, 16), (8, 4, 64, 16), (14, 2, 64, 16), (12, 2, 128, 16)])
 @pytest.mark.parametrize("window", [None, 5, 40])
 def test_kernel_matches_softmax_attention(built, dtype, heads, kvh, d, bs, window):
     g = torch.Generator().manual_seed(heads * 100 + d + bs)

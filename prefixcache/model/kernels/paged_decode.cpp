@@ -185,7 +185,7 @@ inline v16 dots16(const v16* q, const T* k0, int64_t stride) {
 // and 1 / 0 to multiply their exps by (exp16 clamps at -100, so masked lanes are zeroed).
 struct PageMask {
   v16 add, keep;
-  PageMask(int64_t t0, int64_t t1) {
+  void set(int64_t t0, int64_t t1) {
     for (int j = 0; j < 16; ++j) {
       const bool in = kBitrev[j] >= t0 && kBitrev[j] < t1;
       add[j] = in ? 0.f : -1e30f;  // finite: built with -ffast-math
@@ -268,8 +268,12 @@ void decode16(const float* q, const T* k, const T* v, const int64_t* table,
             }
           }
         }
-        const PageMask pm(t0, t1);
-        const PageMask* mask = t0 == 0 && t1 == bs ? nullptr : &pm;
+        PageMask pm;  // built only for a partial page (the first of a window, the last)
+        const PageMask* mask = nullptr;
+        if (t0 != 0 || t1 != bs) {
+          pm.set(t0, t1);
+          mask = &pm;
+        }
         for (int64_t h = h0; h < h1; ++h) {
           for (int64_t g = 0; g < G; g += GB) {
             const int64_t r = h * G + g;
