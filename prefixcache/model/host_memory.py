@@ -78,17 +78,17 @@ def keep_freed_memory() -> bool:
         return ok
 
 
-def _advise_heap(libc) -> int:
+def _advise_heap(libc) -> None:
     """Grow the main heap by ``HEAP_RESERVE`` (mallocs of ``HEAP_STEP``, freed again: the
-    memory stays with glibc, which does not trim it, and is not faulted in), advise the
-    grown range ``MADV_HUGEPAGE``, and return its length (0 where ``sbrk`` or
-    ``madvise`` fail). The activations of later steps and oneDNN's packed weights are
-    carved from it on huge pages. A 2 MiB region that holds one of the freed chunks'
-    headers (written by malloc, before the advice) stays on 4 KiB pages."""
+    memory stays with glibc, which does not trim it, and is not faulted in) and advise the
+    grown range ``MADV_HUGEPAGE``; nothing where ``sbrk`` is missing or fails. The
+    activations of later steps and oneDNN's packed weights are carved from it on huge
+    pages. A 2 MiB region that holds one of the freed chunks' headers (written by malloc,
+    before the advice) stays on 4 KiB pages."""
     try:
         sbrk, malloc, free, madvise = libc.sbrk, libc.malloc, libc.free, libc.madvise
     except AttributeError:
-        return 0
+        return
     sbrk.restype, sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
     malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     free.restype, free.argtypes = None, [ctypes.c_void_p]
@@ -99,13 +99,10 @@ def _advise_heap(libc) -> int:
     after = sbrk(0)
     for c in chunks:
         free(c)
-    if not before or not after:
-        return 0
-    lo = -(-before // HUGE_PAGE) * HUGE_PAGE
-    hi = after // HUGE_PAGE * HUGE_PAGE
-    if hi <= lo or madvise(lo, hi - lo, MADV_HUGEPAGE) != 0:
-        return 0
-    return hi - lo
+    lo = -(-(before or 0) // HUGE_PAGE) * HUGE_PAGE
+    hi = (after or 0) // HUGE_PAGE * HUGE_PAGE
+    if before and hi > lo:
+        madvise(lo, hi - lo, MADV_HUGEPAGE)  # advice: a failure leaves plain pages
 
 
 def huge_pages_enabled() -> bool:
