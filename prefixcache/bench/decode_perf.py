@@ -27,7 +27,7 @@ warm-up; the median and the spread (min-max) are reported:
 * ``split_ab``: the same steps after a prefix with the kernel off, the chunk's attention
   split at the cached prefix (the CPU path without the kernel) against one masked call.
 * ``huge_pages_ab``: decode steps of 1 and 8 sequences at 1k and of 1 at 8k with the
-  weights and the KV pool on transparent huge pages (:mod:`prefixcache.model.host_memory`,
+  weights on transparent huge pages (:mod:`prefixcache.model.host_memory`,
   the default) against 4 KiB pages (``PREFIXCACHE_HUGE_PAGES=0``): two copies of the
   model, loaded one under each setting.
 * ``packed_ab``: decode steps of 1, 4 and 8 sequences at 1k context with the decoder's
@@ -333,9 +333,10 @@ def huge_pages_ab(model_dir: Path, dtype: str,
                   decode_cases=((1, 1024), (8, 1024), (1, 8192)), repeats: int = 5,
                   bs: int = 16) -> list[dict]:
     """Rows ``{seqs, ctx, huge: {median, min, max}, small_pages: {...}, ratio: {...}}``: a
-    decode step of the model loaded (weights and KV pool) on huge pages (the default) and
-    of a second copy loaded with ``PREFIXCACHE_HUGE_PAGES=0``, and the paired ratio
-    ``small_pages / huge``. Only the weights and pool differ: the heap (activations) is
+    decode step of the model loaded with its weights on huge pages (the default) and of a
+    second copy loaded with ``PREFIXCACHE_HUGE_PAGES=0``, and the paired ratio
+    ``small_pages / huge``. Only the weights differ (the KV pool is on 4 KiB pages for
+    both): the heap (activations) is
     set up once per process, and is left unadvised for both when this is the process's
     first model load. Empty where no huge pages are advised (not Linux)."""
     from prefixcache.model import host_memory

@@ -191,6 +191,28 @@ class LLMEngine:
         self._pending_outputs.append(self.outputs.make_output(req))
         return True
 
+    def warmup(self) -> int:
+        """Run one full-size step outside the scheduler (no request, no counter, no cache
+        entry: :meth:`ModelRunner.warmup` over free pages, which stay free), so that the
+        calling thread's memory and the kernels are set up before the first request. Its
+        size: ``max_num_batched_tokens`` tokens, at most the pool's and the context's
+        limit. Returns the tokens run.
+
+        Raises:
+            RuntimeError: a request was already added, or a page is not free.
+        """
+        bs = self.config.block_size
+        free = self.cache.pool.free_pages()
+        if self.requests or len(free) != self.runner.num_pages:
+            raise RuntimeError("warmup() runs before the first request, on a pool whose "
+                               "pages are all free")
+        n = min(self.config.max_num_batched_tokens, self.max_model_len - 1,
+                self.runner.num_pages * bs - 1)
+        if n < 1:
+            return 0
+        self.runner.warmup(n, sorted(free))
+        return n
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
 

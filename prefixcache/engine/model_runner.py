@@ -131,6 +131,37 @@ class ModelRunner:
         self.sync()
         return StepResult(sampled, prompt)
 
+    def warmup(self, num_tokens: int, pages: list[int]) -> None:
+        """Run one prefill chunk of ``num_tokens`` tokens (token id 0) and then one decode
+        row after it, writing their KV into ``pages`` (``ceil((num_tokens + 1) /
+        block_size)`` free page ids, in order), outputs discarded. The memory and kernels
+        of a full step are set up by it in the calling thread, so the first request does
+        not pay for them.
+
+        Raises:
+            ValueError: ``num_tokens < 1`` or too few ``pages``.
+        """
+        bs, dev = self.block_size, self.device
+        need = -(-(num_tokens + 1) // bs)
+        if num_tokens < 1 or len(pages) < need:
+            raise ValueError(f"warmup needs num_tokens >= 1 and {need} pages, got "
+                             f"num_tokens={num_tokens} and {len(pages)} pages")
+        table = torch.tensor(pages[:need], dtype=torch.long, device=dev)
+
+        def batch(start: int, n: int) -> ForwardBatch:
+            slots = [pages[p // bs] * bs + p % bs for p in range(start, start + n)]
+            return ForwardBatch(
+                input_ids=torch.zeros(n, dtype=torch.long, device=dev),
+                positions=torch.arange(start, start + n, device=dev),
+                slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+                seqs=[SeqChunk(0, n, start + n, table[:-(-(start + n) // bs)])],
+                logits_indices=torch.tensor([n - 1], dtype=torch.long, device=dev))
+
+        with torch.inference_mode():
+            for b in (batch(0, num_tokens), batch(num_tokens, 1)):
+                self.forward(b, self.kv)
+        self.sync()
+
     def build_batch(self, scheduled: list[ScheduledSeq]) -> tuple[ForwardBatch, BatchLayout]:
         """Flatten the step: new tokens of every sequence, their positions and KV slots,
         each sequence's page table, and the logits rows to compute (prompt-logprobs rows

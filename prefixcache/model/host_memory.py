@@ -1,5 +1,5 @@
-"""Host memory placement: freed activations kept in the process heap (glibc), and the
-tensors a decode step streams (weights, KV pool) on transparent huge pages.
+"""Host memory placement: freed activations kept in the process heap (glibc), the
+weights on transparent huge pages, and the KV pool resident from its creation.
 
 glibc serves allocations above ``M_MMAP_THRESHOLD`` (128 KiB at start, raised
 dynamically) with ``mmap`` and returns them with ``munmap``: every step's activations
@@ -12,19 +12,21 @@ at stays with the process (as PyTorch's CUDA caching allocator keeps it on a GPU
 
 ``PREFIXCACHE_KEEP_HEAP=0`` leaves glibc's defaults. Not glibc (musl, macOS): a no-op.
 
-Huge pages (:func:`empty`, :func:`zeros`, :class:`HugePageArena`): a one-row decode step
-reads every weight once and a long context's KV pages lie scattered over the pool, so
-with 4 KiB pages the step walks about 130,000 pages of weights plus the KV's; Linux backs
-a ``madvise(MADV_HUGEPAGE)`` range with 2 MiB pages where it can
+Huge pages (:func:`empty`, :class:`HugePageArena`): a one-row decode step reads every
+weight once, so with 4 KiB pages it walks about 130,000 pages of weights; Linux backs a
+``madvise(MADV_HUGEPAGE)`` range with 2 MiB pages where it can
 (``/sys/kernel/mm/transparent_hugepage/enabled`` set to ``always`` or ``madvise``). The
 advice is given before the first write, so the pages are huge from their first fault (no
-copy). The model's weights come from an arena, each KV pool layer has a mapping of its
-own, and :func:`keep_freed_memory` grows the heap by ``HEAP_RESERVE`` and advises it, so
-activations and oneDNN's packed weights land on huge pages too. Measured on the
+copy). The model's weights come from an arena, and :func:`keep_freed_memory` grows the
+main heap by ``HEAP_RESERVE`` and advises it, so the activations of the thread that
+loaded the model and oneDNN's packed weights land on huge pages too. Measured on the
 project's machine (SmolLM2-135M, float32, 1 thread; ``benchmarks/speed/analysis.md``):
 decode steps 1.13-1.18x faster (paired, in one process), a cold 2k prefill about 1.05x
 (separate processes, noisy). ``PREFIXCACHE_HUGE_PAGES=0`` turns all of it off; not
 Linux, or not a CPU tensor: plain ``torch.empty``.
+
+The KV pool (:func:`zeros`) is not on huge pages: it is faulted in whole when it is made,
+on 4 KiB pages, so no request pays for its first touch.
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ CHUNK_BYTES = 64 * 1024 * 1024  # a HugePageArena's mappings
 HEAP_RESERVE = 1024 * 1024 * 1024  # heap grown (virtually) and advised at start
 HEAP_STEP = 30 * 1024 * 1024  # malloc size that grows it: below the mmap threshold
 MADV_HUGEPAGE = 14  # <linux/mman.h>
+MADV_NOHUGEPAGE = 15
+MADV_POPULATE_WRITE = 23  # <linux/mman.h>, Linux 5.14+
 
 _lock = threading.Lock()
 _done: bool | None = None
@@ -114,10 +118,11 @@ def huge_pages_enabled() -> bool:
 
 class _Mapping:
     """A private anonymous mapping of at least ``nbytes`` from a 2 MiB boundary on,
-    advised ``MADV_HUGEPAGE`` before anything is written (its pages are zero until then);
-    tensors made by :meth:`tensor` keep it mapped."""
+    advised ``MADV_HUGEPAGE`` (``huge``) or ``MADV_NOHUGEPAGE`` (also with THP
+    ``always``) before anything is written (its pages are zero until then); tensors made
+    by :meth:`tensor` keep it mapped."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, huge: bool = True):
         self.mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
         self.start = -base % HUGE_PAGE  # base is page-aligned, so is this
@@ -126,9 +131,19 @@ class _Mapping:
         length = nbytes // HUGE_PAGE * HUGE_PAGE
         if length:
             try:
-                self.mm.madvise(mmap.MADV_HUGEPAGE, self.start, length)
+                self.mm.madvise(MADV_HUGEPAGE if huge else MADV_NOHUGEPAGE, self.start, length)
             except OSError:  # THP compiled out: plain pages
                 pass
+
+    def populate(self) -> bool:
+        """Fault every page of the mapping in now, writable (``MADV_POPULATE_WRITE``);
+        ``False`` where the kernel does not have it (before 5.14)."""
+        try:
+            self.mm.madvise(MADV_POPULATE_WRITE, self.start,
+                            -(-self.size // mmap.PAGESIZE) * mmap.PAGESIZE)
+        except (OSError, ValueError):
+            return False
+        return True
 
     def tensor(self, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
         """The next ``nbytes`` (64-byte aligned) as a tensor of its own (own storage and
@@ -167,30 +182,43 @@ def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
-           arena: HugePageArena | None) -> tuple[torch.Tensor, bool]:
-    """The tensor of :func:`empty`, and whether it lies on a fresh mapping (zero)."""
+           arena: HugePageArena | None) -> torch.Tensor:
     if (torch.device(device).type != "cpu" or not huge_pages_enabled()
             or _nbytes(shape, dtype) == 0):
-        return torch.empty(shape, dtype=dtype, device=device), False
+        return torch.empty(shape, dtype=dtype, device=device)
     if arena is not None:
-        return arena.empty(shape, dtype), True
+        return arena.empty(shape, dtype)
     nbytes = _nbytes(shape, dtype)
     if nbytes < MIN_HUGE_BYTES:
-        return torch.empty(shape, dtype=dtype, device=device), False
-    return _Mapping(nbytes).tensor(shape, dtype, nbytes), True
+        return torch.empty(shape, dtype=dtype, device=device)
+    return _Mapping(nbytes).tensor(shape, dtype, nbytes)
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu",
           arena: HugePageArena | None = None) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype, device=device)``, contiguous. On the CPU, with
     :func:`huge_pages_enabled`: from ``arena`` when given, else on a huge-page mapping of
-    its own from ``MIN_HUGE_BYTES`` up (up to 2 MiB more virtual memory)."""
-    return _empty(shape, dtype, device, arena)[0]
+    its own from ``MIN_HUGE_BYTES`` up (up to 2 MiB more virtual memory), whose pages are
+    faulted in when first written."""
+    return _empty(shape, dtype, device, arena)
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype,
           device: torch.device | str = "cpu") -> torch.Tensor:
-    """:func:`empty`, zero-filled. A fresh mapping is zero already and is not written, so
-    its pages are faulted in when first used, not here."""
-    t, fresh = _empty(shape, dtype, device, None)
-    return t if fresh else t.zero_()
+    """``torch.zeros(shape, dtype=dtype, device=device)`` with every page resident when
+    it returns: for the KV pool, whose pages a server's first requests would otherwise
+    fault in one by one inside their prefill steps. On Linux (CPU, from
+    ``MIN_HUGE_BYTES`` up) a mapping of its own on 4 KiB pages, populated
+    (``MADV_POPULATE_WRITE``; written with zeros on a kernel before 5.14), kept out of
+    the heap and off huge pages. Measured on the project's machine (a VM, THP
+    ``madvise``; ``benchmarks/speed/analysis.md``): a 2 GiB pool on huge pages faulted in
+    lazily cost a fresh server's first 2,048-token prefills 1.1-1.8 s of kernel time each
+    (6.1-6.7 s against 4.3 s); populating it on huge pages took 8-19 s at start, on 4 KiB
+    pages 0.5 s; decode steps over it were 1.01-1.05x faster on huge pages."""
+    nbytes = _nbytes(shape, dtype)
+    if (torch.device(device).type != "cpu" or nbytes < MIN_HUGE_BYTES
+            or not hasattr(mmap, "MAP_ANONYMOUS")):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    m = _Mapping(nbytes, huge=False)
+    t = m.tensor(shape, dtype, nbytes)
+    return t if m.populate() else t.zero_()

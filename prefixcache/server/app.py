@@ -70,6 +70,9 @@ class ServerSettings:
             answers with the previous engine snapshot.
         allowed_hosts: ``Host`` names answered (421 for others); ``None``: any.
         shutdown_grace_s: how long running requests may continue after SIGTERM, seconds.
+        warmup: run one full-size step on the engine thread before the server accepts
+            connections (``LLMEngine.warmup``), so the first request does not pay for
+            that thread's memory and the kernels' set-up.
     """
 
     model_names: list[str]
@@ -79,6 +82,7 @@ class ServerSettings:
     stats_timeout_s: float = 10.0
     allowed_hosts: list[str] | None = None
     shutdown_grace_s: float = DEFAULT_GRACE_S
+    warmup: bool = True
 
 
 @dataclass
@@ -103,7 +107,8 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     """Build the app around an ``LLMEngine``. The engine thread starts with the app's
     lifespan and stops with it."""
     metrics = ServerMetrics(settings.auth.tenants if settings.auth.enabled else None)
-    aengine = AsyncEngine(engine, on_output=metrics.observe_output, on_step=metrics.observe_step)
+    aengine = AsyncEngine(engine, on_output=metrics.observe_output, on_step=metrics.observe_step,
+                          warmup=settings.warmup)
     drain = Drain(settings.shutdown_grace_s)
     accepted = settings.model_names + [settings.model_root] * (
         bool(settings.model_root) and settings.model_root not in settings.model_names)
@@ -134,6 +139,7 @@ async def _lifespan(app: FastAPI):
     server: _Server = app.state.server
     server.drain.bind(asyncio.get_running_loop())
     server.engine.start()
+    await asyncio.to_thread(server.engine.wait_warm)  # before the port opens
     try:
         yield
     finally:

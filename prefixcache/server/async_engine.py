@@ -81,11 +81,15 @@ class AsyncEngine:
         on_output: called on the engine thread for every output of a known request,
             before it is sent (metrics).
         on_step: called on the engine thread with each step's outputs.
+        warmup: call ``engine.warmup()`` (where it has one) on the engine thread before
+            the first command; a failure is logged and serving goes on.
     """
 
     def __init__(self, engine: Any, *, on_output: OutputObserver | None = None,
-                 on_step: StepObserver | None = None):
+                 on_step: StepObserver | None = None, warmup: bool = False):
         self.engine = engine
+        self.warmup = warmup
+        self._warm = threading.Event()
         self.on_output = on_output
         self.on_step = on_step
         self._cond = threading.Condition()
@@ -109,6 +113,11 @@ class AsyncEngine:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Block until the engine thread finished its warmup (or had none to run);
+        ``False`` on timeout. Call after :meth:`start`."""
+        return self._warm.wait(timeout)
 
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -187,7 +196,20 @@ class AsyncEngine:
         if not self.engine.abort_request(request_id):
             self._streams.pop(request_id, None)
 
+    def _warmup(self) -> None:
+        fn = getattr(self.engine, "warmup", None) if self.warmup else None
+        try:
+            if fn is not None:
+                t0 = time.perf_counter()
+                n = fn()
+                log.info("warmup: %s tokens in %.2f s", n, time.perf_counter() - t0)
+        except Exception:  # serving without it is only slower on the first request
+            log.exception("engine warmup failed")
+        finally:
+            self._warm.set()
+
     def _run(self) -> None:
+        self._warmup()
         consecutive_failures = 0
         while True:
             with self._cond:

@@ -63,6 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="server log threshold")
     p.add_argument("--no-access-log", action="store_true", help="no per-request log lines")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="open the port without first running one full-size step on the "
+                        "engine thread (the first request then pays for its set-up)")
     add_engine_args(p.add_argument_group("engine"), defaults={"model": DEFAULT_MODEL})
     return p
 
@@ -126,7 +129,8 @@ def build_app(args: argparse.Namespace):
     names = args.served_model_name or [served_name(args.model)]
     settings = ServerSettings(model_names=names, model_root=args.model, auth=auth,
                               max_body_bytes=args.max_body_bytes, allowed_hosts=allowed,
-                              shutdown_grace_s=args.shutdown_grace_s)
+                              shutdown_grace_s=args.shutdown_grace_s,
+                              warmup=not args.no_warmup)
     log.info("model %s (served as %s), max_model_len %d, %d KV pages of %d tokens, "
              "%s", args.model, ", ".join(names), engine.max_model_len,
              engine.stats()["pages_total"], args.block_size,

@@ -65,8 +65,9 @@ def _thp_mode() -> str:
     return text.split("[")[1].split("]")[0]
 
 
-def _huge_kib(addr: int) -> int | None:
-    """AnonHugePages (KiB) of the mapping holding ``addr``; None when unmapped."""
+def _smaps_kib(addr: int, field: str = "AnonHugePages") -> int | None:
+    """``field`` (KiB) of the mapping holding ``addr`` in /proc/self/smaps; None when
+    unmapped."""
     lines = open("/proc/self/smaps").read().splitlines()
     for i, line in enumerate(lines):
         head = line.split()[0]
@@ -74,7 +75,7 @@ def _huge_kib(addr: int) -> int | None:
             lo, hi = (int(v, 16) for v in head.split("-"))
             if lo <= addr < hi:
                 for row in lines[i + 1:]:
-                    if row.startswith("AnonHugePages:"):
+                    if row.startswith(field + ":"):
                         return int(row.split()[1])
     return None
 
@@ -91,16 +92,16 @@ def test_large_tensors_sit_on_huge_pages_from_their_first_write():
 
     from prefixcache.model import host_memory
 
-    t = host_memory.zeros((64, 16, 4, 256), torch.float32)  # 4 MiB: a mapping of its own
+    t = host_memory.empty((64, 16, 4, 256), torch.float32)  # 4 MiB: a mapping of its own
     assert t.shape == (64, 16, 4, 256) and t.is_contiguous() and t.dtype == torch.float32
     assert t.data_ptr() % host_memory.HUGE_PAGE == 0
+    assert _smaps_kib(t.data_ptr()) == 0                 # nothing is faulted in yet
     assert torch.count_nonzero(t).item() == 0          # a fresh mapping reads as zero
-    assert _huge_kib(t.data_ptr()) == 0                 # and nothing is faulted in yet
     t.fill_(1.5)
-    assert _huge_kib(t.data_ptr()) == 4096              # both 2 MiB pages, on first write
+    assert _smaps_kib(t.data_ptr()) == 4096              # both 2 MiB pages, on first write
     addr = t.data_ptr()
     del t
-    assert _huge_kib(addr) is None                      # unmapped with its last tensor
+    assert _smaps_kib(addr) is None                      # unmapped with its last tensor
 
 
 @needs_thp
@@ -122,7 +123,7 @@ def test_arena_tensors_share_huge_pages_but_not_storage():
     b.fill_(2.0)
     assert a.sum().item() == 576.0 and c.sum().item() == 0.0
     assert b.float().sum().item() == 2.0 * 960 * 576
-    assert _huge_kib(a.data_ptr()) == 2048
+    assert _smaps_kib(a.data_ptr()) == 2048
     big = arena.empty((1024, 1024, 3), torch.float32)  # above a quarter chunk: its own
     assert big.data_ptr() % host_memory.HUGE_PAGE == 0
 
@@ -141,8 +142,26 @@ def test_huge_pages_opt_out(monkeypatch):
     assert x.shape == (7, 3) and arena._chunk is None   # the arena is bypassed
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps")
+def test_zeros_are_resident_when_made_and_off_huge_pages():
+    import torch
+
+    from prefixcache.model import host_memory
+
+    t = host_memory.zeros((128, 16, 4, 256), torch.float32)  # 8 MiB: a mapping of its own
+    assert t.shape == (128, 16, 4, 256) and t.is_contiguous() and t.dtype == torch.float32
+    assert t.data_ptr() % host_memory.HUGE_PAGE == 0
+    assert _smaps_kib(t.data_ptr(), "Rss") >= 8192      # every page faulted in already
+    assert _smaps_kib(t.data_ptr()) == 0                 # on 4 KiB pages
+    assert torch.count_nonzero(t).item() == 0
+    t.fill_(2.0)
+    assert _smaps_kib(t.data_ptr()) == 0 and t.sum().item() == 2.0 * t.numel()
+    small = host_memory.zeros((3, 16, 2, 8), torch.bfloat16)  # below MIN_HUGE_BYTES
+    assert small.shape == (3, 16, 2, 8) and torch.count_nonzero(small).item() == 0
+
+
 @needs_thp
-def test_model_weights_and_pool_on_huge_pages():
+def test_model_weights_on_huge_pages_and_pool_resident():
     import torch
 
     from prefixcache.model.config import ModelConfig
@@ -156,10 +175,12 @@ def test_model_weights_and_pool_on_huge_pages():
         for p in m.parameters():
             p.normal_()
     layer = m.decoder_layers[0]
-    assert _huge_kib(layer.qkv_weight.data_ptr()) > 0     # 512 KiB weights share an arena
+    assert _smaps_kib(layer.qkv_weight.data_ptr()) > 0     # 512 KiB weights share an arena
     kv = m.new_kv_pool(512, 16)                            # 4 MiB a layer
-    kv.k[0].normal_()
-    assert _huge_kib(kv.k[0].data_ptr()) == 4096
+    for t in (*kv.k, *kv.v):
+        assert _smaps_kib(t.data_ptr(), "Rss") >= 4096     # resident before any step
+        assert _smaps_kib(t.data_ptr()) == 0
+        assert torch.count_nonzero(t).item() == 0
 
 
 HEAP_PROBE = r"""

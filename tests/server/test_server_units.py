@@ -26,6 +26,15 @@ class FakeEngine:
         self.fail_next = 0
         self.pending: list[RequestOutput] = []
         self.thread_ids: set[int] = set()
+        self.calls: list[str] = []     # "warmup" / "add" in the order the thread made them
+        self.warmup_error: Exception | None = None
+
+    def warmup(self):
+        self.thread_ids.add(threading.get_ident())
+        self.calls.append("warmup")
+        if self.warmup_error is not None:
+            raise self.warmup_error
+        return 5
 
     def _out(self, rid: str, finished: bool, reason: str | None) -> RequestOutput:
         toks = self.reqs.get(rid, [])
@@ -35,6 +44,7 @@ class FakeEngine:
 
     def add_request(self, rid, ids, params, **kw):
         self.thread_ids.add(threading.get_ident())
+        self.calls.append("add")
         if rid in self.reqs:
             raise ValueError("dup")
         self.reqs[rid] = []
@@ -102,6 +112,37 @@ def test_engine_thread_streams_and_sleeps_when_idle():
     finally:
         ae.shutdown()
     assert not ae.is_alive()
+
+
+@pytest.mark.parametrize("error", [None, RuntimeError("no memory")])
+def test_warmup_runs_on_the_engine_thread_before_any_command(error):
+    fake = FakeEngine(n=2)
+    fake.warmup_error = error
+    ae = AsyncEngine(fake, warmup=True)
+    ae.start()
+    try:
+        assert ae.wait_warm(10)
+
+        async def main():
+            q = asyncio.Queue()
+            await ae.add_requests([_spec("a")], q)
+            return await _drain(q)
+        out = asyncio.run(main())
+        assert out[-1].finished and out[-1].outputs[0].finish_reason == "length"
+        assert fake.calls == ["warmup", "add"]        # a failed warmup: serving goes on
+        assert fake.thread_ids == {ae._thread.ident}
+    finally:
+        ae.shutdown()
+
+
+def test_no_warmup_unless_asked():
+    fake = FakeEngine(n=1)
+    ae = AsyncEngine(fake)
+    ae.start()
+    try:
+        assert ae.wait_warm(10) and fake.calls == []
+    finally:
+        ae.shutdown()
 
 
 def test_step_error_does_not_kill_the_thread():
