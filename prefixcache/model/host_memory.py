@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
 import mmap
 import os
 import threading
@@ -44,7 +45,7 @@ MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 6
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: never trim below 2 GiB free
 
 HUGE_PAGE = 2 * 1024 * 1024  # x86-64 and arm64 (4 KiB base pages) PMD size
-MIN_HUGE_BYTES = 2 * HUGE_PAGE  # a tensor of its own below this stays on plain pages
+MIN_MAPPING_BYTES = 2 * HUGE_PAGE  # a pool tensor below this stays in the heap
 CHUNK_BYTES = 64 * 1024 * 1024  # a HugePageArena's mappings
 HEAP_RESERVE = 1024 * 1024 * 1024  # heap grown (virtually) and advised at start
 HEAP_STEP = 30 * 1024 * 1024  # malloc size that grows it: below the mmap threshold
@@ -109,11 +110,13 @@ def _advise_heap(libc) -> None:
         madvise(lo, hi - lo, MADV_HUGEPAGE)  # advice: a failure leaves plain pages
 
 
+_LINUX_MMAP = hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_ANONYMOUS")
+
+
 def huge_pages_enabled() -> bool:
-    """Whether CPU tensors of :func:`empty` are placed on huge-page-advised mappings
-    (Linux, and ``PREFIXCACHE_HUGE_PAGES`` is not ``0``)."""
-    return (os.environ.get("PREFIXCACHE_HUGE_PAGES", "1") != "0"
-            and hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_ANONYMOUS"))
+    """Whether an arena's CPU tensors (:func:`empty`) are placed on huge-page-advised
+    mappings (Linux, and ``PREFIXCACHE_HUGE_PAGES`` is not ``0``)."""
+    return os.environ.get("PREFIXCACHE_HUGE_PAGES", "1") != "0" and _LINUX_MMAP
 
 
 class _Mapping:
@@ -166,7 +169,7 @@ class HugePageArena:
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised (in fact zero) contiguous CPU tensor."""
-        nbytes = _nbytes(shape, dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self.chunk_bytes // 4:
             return _Mapping(nbytes).tensor(shape, dtype, nbytes)
         if self._chunk is None or self._chunk.used + nbytes > self._chunk.size:
@@ -174,27 +177,15 @@ class HugePageArena:
         return self._chunk.tensor(shape, dtype, nbytes)
 
 
-def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    numel = 1
-    for n in shape:
-        numel *= n
-    return numel * dtype.itemsize
-
-
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu",
           arena: HugePageArena | None = None) -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype, device=device)``, contiguous. On the CPU, with
-    :func:`huge_pages_enabled`: from ``arena`` when given, else on a huge-page mapping of
-    its own from ``MIN_HUGE_BYTES`` up (up to 2 MiB more virtual memory), whose pages are
-    faulted in when first written."""
-    nbytes = _nbytes(shape, dtype)
-    if torch.device(device).type != "cpu" or not huge_pages_enabled() or nbytes == 0:
+    """``torch.empty(shape, dtype=dtype, device=device)``, contiguous: from ``arena`` (on
+    huge pages, faulted in when first written) for a non-empty CPU tensor with
+    :func:`huge_pages_enabled`, else plain."""
+    if (arena is None or torch.device(device).type != "cpu" or not huge_pages_enabled()
+            or math.prod(shape) == 0):
         return torch.empty(shape, dtype=dtype, device=device)
-    if arena is not None:
-        return arena.empty(shape, dtype)
-    if nbytes < MIN_HUGE_BYTES:
-        return torch.empty(shape, dtype=dtype, device=device)
-    return _Mapping(nbytes).tensor(shape, dtype, nbytes)
+    return arena.empty(shape, dtype)
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype,
@@ -202,16 +193,15 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype,
     """``torch.zeros(shape, dtype=dtype, device=device)`` with every page resident when
     it returns: for the KV pool, whose pages a server's first requests would otherwise
     fault in one by one inside their prefill steps. On Linux (CPU, from
-    ``MIN_HUGE_BYTES`` up) a mapping of its own on 4 KiB pages, populated
+    ``MIN_MAPPING_BYTES`` up) a mapping of its own on 4 KiB pages, populated
     (``MADV_POPULATE_WRITE``; written with zeros on a kernel before 5.14), kept out of
     the heap and off huge pages. Measured on the project's machine (a VM, THP
     ``madvise``; ``benchmarks/speed/analysis.md``): a 2 GiB pool on huge pages faulted in
     lazily cost a fresh server's first 2,048-token prefills 1.1-1.8 s of kernel time each
     (6.1-6.7 s against 4.3 s); populating it on huge pages took 8-19 s at start, on 4 KiB
     pages 0.5 s; decode steps over it were 1.01-1.05x faster on huge pages."""
-    nbytes = _nbytes(shape, dtype)
-    if (torch.device(device).type != "cpu" or nbytes < MIN_HUGE_BYTES
-            or not hasattr(mmap, "MADV_HUGEPAGE")):  # not Linux
+    nbytes = math.prod(shape) * dtype.itemsize
+    if torch.device(device).type != "cpu" or nbytes < MIN_MAPPING_BYTES or not _LINUX_MMAP:
         return torch.zeros(shape, dtype=dtype, device=device)
     m = _Mapping(nbytes, huge=False)
     t = m.tensor(shape, dtype, nbytes)

@@ -92,7 +92,8 @@ def test_large_tensors_sit_on_huge_pages_from_their_first_write():
 
     from prefixcache.model import host_memory
 
-    t = host_memory.empty((64, 16, 4, 256), torch.float32)  # 4 MiB: a mapping of its own
+    arena = host_memory.HugePageArena(chunk_bytes=8 * 1024 * 1024)
+    t = host_memory.empty((64, 16, 4, 256), torch.float32, "cpu", arena)  # 4 MiB: own
     assert t.shape == (64, 16, 4, 256) and t.is_contiguous() and t.dtype == torch.float32
     assert t.data_ptr() % host_memory.HUGE_PAGE == 0
     assert _smaps_kib(t.data_ptr()) == 0                 # nothing is faulted in yet
@@ -156,7 +157,7 @@ def test_zeros_are_resident_when_made_and_off_huge_pages():
     assert torch.count_nonzero(t).item() == 0
     t.fill_(2.0)
     assert _smaps_kib(t.data_ptr()) == 0 and t.sum().item() == 2.0 * t.numel()
-    small = host_memory.zeros((3, 16, 2, 8), torch.bfloat16)  # below MIN_HUGE_BYTES
+    small = host_memory.zeros((3, 16, 2, 8), torch.bfloat16)  # below MIN_MAPPING_BYTES
     assert small.shape == (3, 16, 2, 8) and torch.count_nonzero(small).item() == 0
 
 
