@@ -109,8 +109,8 @@ def render_markdown(res: dict, meta: dict) -> list[str]:
                        "(`F.linear` at one row), 1k context",
                        ("sequences", "streaming", "oneDNN"), lambda r: f"{r['seqs']}",
                        "small", "onednn")
-    lines += _ab_table(res.get("huge_pages_ab"), "Weights and KV pool on transparent huge "
-                       "pages (default) against 4 KiB pages",
+    lines += _ab_table(res.get("huge_pages_ab"), "Weights on transparent huge pages "
+                       "(default) against 4 KiB pages",
                        ("sequences x context", "huge pages", "4 KiB pages"),
                        lambda r: f"{r['seqs']} x {r['ctx']}", "huge", "small_pages")
     lines += _ab_table(res.get("split_ab"), "Prefill after a cached prefix, kernel off: "
