@@ -149,11 +149,10 @@ class ModelRunner:
         table = torch.tensor(pages[:need], dtype=torch.long, device=dev)
 
         def batch(start: int, n: int) -> ForwardBatch:
-            slots = [pages[p // bs] * bs + p % bs for p in range(start, start + n)]
+            pos = torch.arange(start, start + n, device=dev)
             return ForwardBatch(
-                input_ids=torch.zeros(n, dtype=torch.long, device=dev),
-                positions=torch.arange(start, start + n, device=dev),
-                slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+                input_ids=torch.zeros(n, dtype=torch.long, device=dev), positions=pos,
+                slot_mapping=table[pos // bs] * bs + pos % bs,
                 seqs=[SeqChunk(0, n, start + n, table[:-(-(start + n) // bs)])],
                 logits_indices=torch.tensor([n - 1], dtype=torch.long, device=dev))
 

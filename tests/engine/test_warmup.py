@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from prefixcache.cache.invariants import check_invariants
 from prefixcache.config import EngineConfig
 from prefixcache.engine.engine import LLMEngine
 from prefixcache.sampling_params import SamplingParams
@@ -38,6 +39,7 @@ def test_warmup_leaves_no_trace_and_changes_no_output(hf_models, budget, want):
     assert warm.counters == counters
     assert warm.cache.pool.num_free == 40 and warm.cache.pool.num_cached == 0
     assert warm.cache.pool.num_live == 0
+    check_invariants(warm.cache)          # free pages only, nothing indexed or in flight
     cold = engine(path, max_num_batched_tokens=budget)
     prompts = [prompt_ids(70, seed=1), prompt_ids(70, seed=1)[:50] + prompt_ids(9, seed=2)]
     assert run(warm, prompts) == run(cold, prompts)
@@ -57,3 +59,14 @@ def test_runner_warmup_names_what_it_needs(hf_models):
         eng.runner.warmup(0, [0, 1])
     with pytest.raises(ValueError, match="3 pages"):
         eng.runner.warmup(40, [0, 1])   # 41 slots need 3 pages of 16
+
+
+def test_runner_warmup_writes_its_tokens_into_the_given_pages_only(hf_models):
+    eng = engine(hf_models["llama"].path)
+    eng.runner.warmup(40, [5, 9, 2, 7])   # 41 slots: pages 5 and 9 whole, 9 slots of page 2
+    for kv in (*eng.runner.kv.k, *eng.runner.kv.v):
+        written = kv.flatten(2).abs().sum(-1) != 0          # [page, slot]
+        assert written[5].all() and written[9].all()
+        assert written[2].tolist() == [True] * 9 + [False] * 7
+        written[[5, 9, 2]] = False
+        assert not written.any()                            # page 7 and the rest untouched
