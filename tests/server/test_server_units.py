@@ -114,11 +114,15 @@ def test_engine_thread_streams_and_sleeps_when_idle():
     assert not ae.is_alive()
 
 
-@pytest.mark.parametrize("error", [None, RuntimeError("no memory")])
-def test_warmup_runs_on_the_engine_thread_before_any_command(error):
+@pytest.mark.parametrize("warmup,error,calls", [
+    (True, None, ["warmup", "add"]),
+    (True, RuntimeError("no memory"), ["warmup", "add"]),  # a failed warmup: serving goes on
+    (False, None, ["add"]),                                 # none unless asked
+])
+def test_warmup_runs_on_the_engine_thread_before_any_command(warmup, error, calls):
     fake = FakeEngine(n=2)
     fake.warmup_error = error
-    ae = AsyncEngine(fake, warmup=True)
+    ae = AsyncEngine(fake, warmup=warmup)
     ae.start()
     try:
         assert ae.wait_warm(10)
@@ -129,18 +133,8 @@ def test_warmup_runs_on_the_engine_thread_before_any_command(error):
             return await _drain(q)
         out = asyncio.run(main())
         assert out[-1].finished and out[-1].outputs[0].finish_reason == "length"
-        assert fake.calls == ["warmup", "add"]        # a failed warmup: serving goes on
+        assert fake.calls == calls
         assert fake.thread_ids == {ae._thread.ident}
-    finally:
-        ae.shutdown()
-
-
-def test_no_warmup_unless_asked():
-    fake = FakeEngine(n=1)
-    ae = AsyncEngine(fake)
-    ae.start()
-    try:
-        assert ae.wait_warm(10) and fake.calls == []
     finally:
         ae.shutdown()
 
