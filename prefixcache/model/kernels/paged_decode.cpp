@@ -182,7 +182,7 @@ inline v16 dots16(const v16* q, const T* k0, int64_t stride) {
 }
 
 // Lane masks of a page's tokens [t0, t1) in kBitrev order: 0 / -1e30 to add to the scores
-// and 1 / 0 to multiply their exps by (exp16 clamps at -100, so masked lanes are zeroed).
+// and 1 / 0 to multiply their exps by (exp16 clamps at kExpFloor, so masked lanes are zeroed).
 struct PageMask {
   v16 add, keep;
   void set(int64_t t0, int64_t t1) {
