@@ -1,7 +1,8 @@
 """A/B of the CPU paged prefill kernel at two git revisions, interleaved in one process.
 
-Each revision's ``paged_prefill.cpp`` and ``simd.h`` are built on their own (the project's
-flags, a one-function binding) and called on the same pool, page table and queries, one
+Each revision's CPU kernels (the files of ``build.SOURCES`` and ``build.HEADERS`` as they
+were then) are built as a module of their own with the project's flags, and its
+``paged_prefill`` is called on the same pool, page table and queries, one
 after the other, ``--repeats`` times; the table gives each one's median time and its
 effective GFLOP/s (4 * score elements * head_dim * heads), and whether both returned the
 same bits.
@@ -23,30 +24,24 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
-from prefixcache.model.kernels.build import CFLAGS
+from prefixcache.model.kernels.build import CFLAGS, HEADERS, SOURCES
 
-BIND = """#include <torch/extension.h>
-void paged_prefill(torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
-                   torch::Tensor page_table, int64_t first, torch::Tensor out, double scale);
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("paged_prefill", &paged_prefill); }
-"""
 CASES = [(8, 4, 2048, 0), (9, 3, 2048, 0), (8, 8, 2048, 0), (8, 1, 2048, 0),
          (8, 4, 64, 1984), (9, 3, 64, 1984), (8, 4, 512, 1536), (9, 3, 1024, 3072)]
 
 
 def build(rev: str, root: Path):
-    """The kernel of ``rev`` as a module of its own."""
+    """The CPU kernels of ``rev`` as a module of its own."""
     sha = subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True, text=True,
                          check=True).stdout.strip()
     d = root / sha
     d.mkdir(parents=True, exist_ok=True)
-    for name in ("paged_prefill.cpp", "simd.h"):
-        src = subprocess.run(["git", "show", f"{rev}:prefixcache/model/kernels/{name}"],
+    for f in (*SOURCES, *HEADERS):
+        src = subprocess.run(["git", "show", f"{rev}:prefixcache/model/kernels/{f.name}"],
                              capture_output=True, text=True, check=True).stdout
-        (d / name).write_text(src)
-    (d / "bind.cpp").write_text(BIND)
+        (d / f.name).write_text(src)
     return sha, cpp_extension.load(name=f"prefill_ab_{sha}",
-                                   sources=[str(d / "paged_prefill.cpp"), str(d / "bind.cpp")],
+                                   sources=[str(d / f.name) for f in SOURCES],
                                    extra_cflags=CFLAGS, build_directory=str(d), verbose=False)
 
 

@@ -31,8 +31,8 @@ inline v16 splat(float x) { return v16{} + x; }
 // p a degree-6 Taylor polynomial (relative error below 2e-7 on |r| <= ln2 / 2). Inputs
 // are clamped at kExpFloor = -86 (exp: about 4.5e-38, above the smallest normal float,
 // 1.18e-38), so no lane ever yields a denormal: x86 handles one with a microcode assist,
-// which made the prefill kernel 5-8% slower on its masked lanes (block diagonals) at 1-2
-// query heads per KV head. A true exp below e^-86 comes out as 4.5e-38: next to the
+// which made the prefill kernel 4-6% slower on its masked lanes (block diagonals) at 1-2
+// query heads per KV head (scripts/prefill_kernel_ab.py). A true exp below e^-86 comes out as 4.5e-38: next to the
 // softmax sum (at least 1) that is below float32's resolution. Callers zero masked lanes
 // themselves. Elsewhere: std::exp per lane.
 constexpr float kExpFloor = -86.f;
