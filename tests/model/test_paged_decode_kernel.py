@@ -18,19 +18,20 @@ def built():
     return built_or_skip(kernel, "decode")
 
 
-def reference(q, k_pool, v_pool, table, ctx, window):
-    """Plain float64 softmax attention over each row's gathered keys."""
+def reference(q, k_pool, v_pool, table, ctx, window, dtype=torch.float64):
+    """Plain softmax attention over each row's gathered keys, in ``dtype`` (float64: the
+    reference; float32: what torch's own float32 arithmetic gets)."""
     out = []
     heads, kvh = q.shape[1], k_pool.shape[2]
     for b in range(q.shape[0]):
         n = int(ctx[b])
-        k = k_pool[table[b]].flatten(0, 1)[:n].double()   # [n, kvh, d]
-        v = v_pool[table[b]].flatten(0, 1)[:n].double()
+        k = k_pool[table[b]].flatten(0, 1)[:n].to(dtype)   # [n, kvh, d]
+        v = v_pool[table[b]].flatten(0, 1)[:n].to(dtype)
         start = 0 if window is None else max(0, n - window)
         k, v = k[start:], v[start:]
         k = k.repeat_interleave(heads // kvh, dim=1)       # [n, heads, d]
         v = v.repeat_interleave(heads // kvh, dim=1)
-        s = torch.einsum("hd,nhd->hn", q[b].double(), k) * q.shape[-1] ** -0.5
+        s = torch.einsum("hd,nhd->hn", q[b].to(dtype), k) * q.shape[-1] ** -0.5
         out.append(torch.einsum("hn,nhd->hd", s.softmax(-1), v))
     return torch.stack(out)
 
@@ -75,14 +76,13 @@ def test_kernel_is_exact_on_peaked_scores(built, heads, kvh):
     q = torch.randn(len(ctx), heads, d, generator=g) * 60
     got = built.paged_decode(q, k_pool, v_pool, table, ctx, None, d ** -0.5)
     want = reference(q, k_pool, v_pool, table, ctx, None)
-    torch_err = 0.0
-    for b, n in enumerate(ctx.tolist()):
-        k = k_pool[table[b]].flatten(0, 1)[:n].repeat_interleave(heads // kvh, 1)
-        v = v_pool[table[b]].flatten(0, 1)[:n].repeat_interleave(heads // kvh, 1)
-        s = torch.einsum("hd,nhd->hn", q[b], k) * d ** -0.5
-        assert ((s - s.amax(-1, keepdim=True)) < -86).float().mean() > 0.4 or n < 16
-        ref32 = torch.einsum("hn,nhd->hd", s.softmax(-1), v)
-        torch_err = max(torch_err, (ref32.double() - want[b]).abs().max().item())
+    for b, n in enumerate(ctx.tolist()):                    # every row of a page or more
+        if n >= 16:                                         # reaches the floor
+            k = k_pool[table[b]].flatten(0, 1)[:n].repeat_interleave(heads // kvh, 1)
+            s = torch.einsum("hd,nhd->hn", q[b], k) * d ** -0.5
+            assert ((s - s.amax(-1, keepdim=True)) < -86).float().mean() > 0.4
+    torch32 = reference(q, k_pool, v_pool, table, ctx, None, dtype=torch.float32)
+    torch_err = (torch32.double() - want).abs().max().item()
     assert 0 < torch_err < 1e-4
     assert (got.double() - want).abs().max().item() <= 1.5 * torch_err
 
