@@ -5,6 +5,14 @@ needs them, into ``$PREFIXCACHE_KERNEL_DIR`` (default ``~/.cache/prefixcache/ker
 keyed by the sources, the flags, torch's version and the CPU's flags; later processes load
 the built library (about 30 s to build on the project's 2-core machine, once).
 
+Processes share a build directory safely: the sources are copied into its ``src/`` (rewritten
+only when their bytes differ), so every checkout or install of the same code builds from the
+same paths and finds the library already built, instead of rebuilding it under the other's
+feet; and building or loading holds an exclusive ``flock`` on the directory's ``.build.lock``,
+which the kernel releases when its holder exits or is killed. Under that lock, the baton file
+``cpp_extension`` leaves behind when a process dies mid-build (``lock``, on which every later
+process would otherwise wait forever) is stale by construction and is removed.
+
 The library holds the paged decode and prefill attention kernels, the fused elementwise
 ops of the decoder layer (``fused_ops.cpp``: compiled without fast-math by a pragma, since
 they must return torch's bits) and the linear kernel of 1-8 rows (``small_gemm.cpp``).
@@ -14,12 +22,14 @@ the model runs torch ops.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import platform
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -78,6 +88,54 @@ def _ensure_ninja() -> None:
     os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
+def build_dir() -> Path:
+    """Where this code's library is built: ``$PREFIXCACHE_KERNEL_DIR`` (default
+    ``~/.cache/prefixcache/kernels``) / :func:`build_name`."""
+    root = Path(os.environ.get("PREFIXCACHE_KERNEL_DIR",
+                               Path.home() / ".cache" / "prefixcache" / "kernels"))
+    return root / build_name()
+
+
+@contextlib.contextmanager
+def build_lock(build: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``build/.build.lock`` (created if absent) for the
+    block; blocks while another process holds it. Released when the block ends or the
+    process dies. Where ``fcntl`` is missing (not POSIX) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - POSIX only
+        yield
+        return
+    with open(build / ".build.lock", "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def prepare_sources(build: Path) -> list[Path]:
+    """Copy :data:`SOURCES` and :data:`HEADERS` into ``build/src`` (a file is rewritten only
+    when its bytes differ, so an unchanged copy keeps its mtime and ninja rebuilds nothing)
+    and remove ``cpp_extension``'s stale baton ``build/lock``; returns the copied sources'
+    paths, in :data:`SOURCES` order. Call it under :func:`build_lock`."""
+    src = build / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    for f in (*SOURCES, *HEADERS):
+        data = f.read_bytes()
+        dst = src / f.name
+        if not dst.is_file() or dst.read_bytes() != data:
+            tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, dst)
+    baton = build / "lock"
+    if baton.exists():
+        log.warning("removing %s, left by a process that died while building the kernels",
+                    baton)
+        baton.unlink(missing_ok=True)
+    return [src / f.name for f in SOURCES]
+
+
 def load() -> ModuleType | None:
     """The kernels' module, built on first call; ``None`` when disabled or when the build
     failed (the reason is logged once and kept in :func:`failure`)."""
@@ -89,17 +147,17 @@ def load() -> ModuleType | None:
             return _module
         from torch.utils import cpp_extension
 
-        name = build_name()
-        root = Path(os.environ.get("PREFIXCACHE_KERNEL_DIR",
-                                   Path.home() / ".cache" / "prefixcache" / "kernels"))
-        build = root / name
+        build = build_dir()
+        name = build.name
         log.info("loading the CPU kernels from %s (built once: about 30 s)", build)
         try:
             build.mkdir(parents=True, exist_ok=True)
             _ensure_ninja()
-            _module = cpp_extension.load(name=name, sources=[str(s) for s in SOURCES],
-                                         extra_cflags=CFLAGS, build_directory=str(build),
-                                         verbose=False)
+            with build_lock(build):
+                sources = prepare_sources(build)
+                _module = cpp_extension.load(name=name, sources=[str(s) for s in sources],
+                                             extra_cflags=CFLAGS, build_directory=str(build),
+                                             verbose=False)
         except Exception as e:  # noqa: BLE001 - any build failure falls back to torch ops
             _failed = f"{type(e).__name__}: {e}"
             log.warning("CPU kernels unavailable, the model runs torch ops: %s",
