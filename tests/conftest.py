@@ -10,9 +10,16 @@ The implementation lives in ``tests/helpers/data.py``: import it from there
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from helpers.data import data_root, shared_data  # noqa: F401  (re-exported)
+# The CPU kernels run in every test on every CPU (their default, ``auto``, uses them only
+# where AVX-512F is; tests/model/test_kernel_isa_gate.py checks that choice), so the suite
+# checks the same code paths on an AVX2 machine as on an AVX-512 one.
+os.environ.setdefault("PREFIXCACHE_CPU_KERNELS", "1")
+
+from helpers.data import data_root, shared_data  # noqa: E402, F401  (re-exported)
 
 
 @pytest.fixture(scope="session")

@@ -111,7 +111,7 @@ def load_model(model: str, device: torch.device | str = "cpu",
             name whose package is missing.
         ValueError: unknown builtin name, unsupported architecture/RoPE/dtype/GGUF tensor
             type, or weights that do not match the config (the message names the file or
-            key).
+            key); on the CPU, ``PREFIXCACHE_CPU_KERNELS`` other than ``0``, ``1``, ``auto``.
     """
     dtype = resolve_dtype(dtype)
     if torch.device(device).type == "cpu":

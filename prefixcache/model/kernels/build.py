@@ -17,12 +17,21 @@ The library holds the paged decode and prefill attention kernels, the fused elem
 ops of the decoder layer (``fused_ops.cpp``: compiled without fast-math by a pragma, since
 they must return torch's bits) and the linear kernel of 1-8 rows (``small_gemm.cpp``).
 ``PREFIXCACHE_CPU_KERNELS=0`` turns them all off (the model then runs torch ops only, as
-on CUDA). When the build fails (no compiler), :func:`load` logs why once and returns ``None``, and
-the model runs torch ops.
+on CUDA) and ``=1`` turns them on on any CPU. Unset (or ``auto``) they are used only where the
+CPU has AVX-512F: their tiles are sized for 32 zmm registers, and on an AVX2-only AMD EPYC (16
+ymm registers, measured 2026-12-02, bench model in process, one thread) they were slower than
+torch ops: cold 1,984-token prefill 6.95 s with them against 2.33 s without, a 64-token chunk
+over 1,984 cached tokens 485 ms against 149 ms, TPOT at 512 tokens 56.3 ms against 36.5 ms; the
+prefill kernel alone 684 ms against SDPA's 511 ms on 2,048 tokens. Built for AVX2 on an AVX-512
+CPU they are 2.5-3.8x slower than torch ops, where the native build is 1.1-1.3x faster
+(benchmarks/speed/avx2_kernels/RESULTS.md): GCC splits the 64-byte vectors through xmm moves
+and stack spills, and the small GEMM falls back to a scalar loop. When the build fails (no
+compiler), :func:`load` logs why once and returns ``None``, and the model runs torch ops.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -48,11 +57,30 @@ _module: ModuleType | None = None
 _failed: str | None = None
 
 
+_MODES = ("0", "1", "auto")
+_auto_logged = False
+
+
 def enabled() -> bool:
-    """Whether the kernels may be used (``PREFIXCACHE_CPU_KERNELS`` is not ``0``)."""
-    return os.environ.get("PREFIXCACHE_CPU_KERNELS", "1") != "0"
+    """Whether the kernels may be used: ``PREFIXCACHE_CPU_KERNELS`` is ``1``, or it is unset
+    or ``auto`` and :func:`isa_supported`. Raises ``ValueError`` naming the variable when it
+    holds anything else."""
+    global _auto_logged
+    mode = os.environ.get("PREFIXCACHE_CPU_KERNELS", "auto").strip().lower() or "auto"
+    if mode not in _MODES:
+        raise ValueError(f"PREFIXCACHE_CPU_KERNELS must be one of {', '.join(_MODES)}, "
+                         f"not {os.environ['PREFIXCACHE_CPU_KERNELS']!r}")
+    if mode != "auto":
+        return mode == "1"
+    ok = isa_supported()
+    if not ok and not _auto_logged:
+        _auto_logged = True
+        log.info("CPU kernels off: this CPU has no AVX-512F, where they run slower than torch "
+                 "ops (PREFIXCACHE_CPU_KERNELS=1 forces them)")
+    return ok
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -61,6 +89,13 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def isa_supported(flags: str | None = None) -> bool:
+    """Whether the CPU (or the ``/proc/cpuinfo`` ``flags`` line given) has AVX-512F, the
+    instruction set the kernels are tuned for."""
+    line = _cpu_flags() if flags is None else flags
+    return "avx512f" in line.replace(":", " ").split()
 
 
 def build_name() -> str:

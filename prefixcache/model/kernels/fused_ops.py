@@ -39,8 +39,8 @@ _checked: bool | None = None  # None: not checked yet
 
 
 def enabled() -> bool:
-    """Whether the ops may be used (``PREFIXCACHE_FUSED_OPS`` and
-    ``PREFIXCACHE_CPU_KERNELS`` are not ``0``)."""
+    """Whether the ops may be used (``PREFIXCACHE_FUSED_OPS`` is not ``0``
+    and :func:`.build.enabled`: by default only on a CPU with AVX-512F)."""
     return os.environ.get("PREFIXCACHE_FUSED_OPS", "1") != "0" and build.enabled()
 
 

@@ -19,8 +19,8 @@ MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 256  # geometry this path is used for
 
 
 def enabled() -> bool:
-    """Whether the kernel may be used (``PREFIXCACHE_DECODE_KERNEL`` and
-    ``PREFIXCACHE_CPU_KERNELS`` are not ``0``)."""
+    """Whether the kernel may be used (``PREFIXCACHE_DECODE_KERNEL`` is not ``0``
+    and :func:`.build.enabled`: by default only on a CPU with AVX-512F)."""
     return os.environ.get("PREFIXCACHE_DECODE_KERNEL", "1") != "0" and build.enabled()
 
 

@@ -26,8 +26,8 @@ failure = build.failure
 
 
 def enabled() -> bool:
-    """Whether the kernel may be used (``PREFIXCACHE_SMALL_GEMM`` and
-    ``PREFIXCACHE_CPU_KERNELS`` are not ``0``)."""
+    """Whether the kernel may be used (``PREFIXCACHE_SMALL_GEMM`` is not ``0``
+    and :func:`.build.enabled`: by default only on a CPU with AVX-512F)."""
     return os.environ.get("PREFIXCACHE_SMALL_GEMM", "1") != "0" and build.enabled()
 
 
