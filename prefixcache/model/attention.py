@@ -183,14 +183,14 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
 def decode_in_place(kv: KVPool, num_heads: int) -> bool:
     """Whether a step's decode rows are read in place by the CPU kernel (decided once per
     step: the pool's device, dtype and geometry, the switches, and the built kernel)."""
-    return (decode_kernel.enabled() and decode_kernel.supports(kv.k[0], num_heads)
+    return (decode_kernel.supports(kv.k[0], num_heads) and decode_kernel.enabled()
             and decode_kernel.load() is not None)
 
 
 def prefill_in_place(kv: KVPool, num_heads: int) -> bool:
     """Whether a step's prefill chunks (no window) are read in place by the CPU prefill
     kernel (decided once per step, as :func:`decode_in_place`)."""
-    return (prefill_kernel.enabled() and prefill_kernel.supports(kv.k[0], num_heads)
+    return (prefill_kernel.supports(kv.k[0], num_heads) and prefill_kernel.enabled()
             and prefill_kernel.load() is not None)
 
 
