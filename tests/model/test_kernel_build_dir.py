@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from prefixcache.model.kernels import build, paged_prefill
 from tests.helpers.kernels import built_or_skip
@@ -87,3 +88,15 @@ def test_the_loaded_library_is_built_from_the_copy(built):
         assert str(d / "src" / f.name) in ninja
         assert str(f) not in ninja  # never this checkout's own path
     assert not (d / "lock").exists()
+
+
+def test_each_python_environment_builds_in_a_directory_of_its_own(monkeypatch):
+    """Two virtual environments' build commands name different torch headers: sharing a
+    directory, each one's load would rewrite build.ninja and rebuild the library."""
+    here = build.build_name()
+    assert build.build_name() == here  # the same environment: the same directory
+    assert str(Path(torch.__file__).resolve().parent) in build.environment()
+    monkeypatch.setattr(build, "environment", lambda: ["/other/venv/torch", "/other/include",
+                                                       "3.11.7"])
+    other = build.build_name()
+    assert other != here and other.startswith("prefixcache_cpu_kernels_")

@@ -2,31 +2,35 @@
 
 Built with gcc and ninja (``-O3 -march=native -ffast-math``) the first time a CPU model
 needs them, into ``$PREFIXCACHE_KERNEL_DIR`` (default ``~/.cache/prefixcache/kernels``),
-keyed by the sources, the flags, torch's version and the CPU's flags; later processes load
-the built library (about 30 s to build on the project's 2-core machine, once).
+keyed by the sources, the flags, torch's version and place, Python and the CPU's flags;
+later processes load the built library (about 30 s to build on the project's 2-core machine,
+once).
 
-Processes share a build directory safely: the sources are copied into its ``src/`` (rewritten
-only when their bytes differ), so every checkout or install of the same code builds from the
-same paths and finds the library already built, instead of rebuilding it under the other's
-feet; and building or loading holds an exclusive ``flock`` on the directory's ``.build.lock``,
-which the kernel releases when its holder exits or is killed. Under that lock, the baton file
-``cpp_extension`` leaves behind when a process dies mid-build (``lock``, on which every later
-process would otherwise wait forever) is stale by construction and is removed.
+Processes share a build directory safely: the sources are copied into its ``src/``
+(rewritten only when their bytes differ), so every checkout or install of the same code in
+one Python environment builds from the same paths and finds the library already built,
+instead of rebuilding it under the other's feet (another environment gets a directory of its
+own); and building or loading holds an exclusive ``flock`` on the directory's
+``.build.lock``, which the kernel releases when its holder exits or is killed. Under that
+lock, the baton file ``cpp_extension`` leaves behind when a process dies mid-build
+(``lock``, on which every later process would otherwise wait forever) is stale by
+construction and is removed.
 
-The library holds the paged decode and prefill attention kernels, the fused elementwise
-ops of the decoder layer (``fused_ops.cpp``: compiled without fast-math by a pragma, since
-they must return torch's bits) and the linear kernel of 1-8 rows (``small_gemm.cpp``).
-``PREFIXCACHE_CPU_KERNELS=0`` turns them all off (the model then runs torch ops only, as
-on CUDA) and ``=1`` turns them on on any CPU. Unset (or ``auto``) they are used only where the
-CPU has AVX-512F: their tiles are sized for 32 zmm registers, and on an AVX2-only AMD EPYC (16
-ymm registers, measured 2026-12-02, bench model in process, one thread) they were slower than
-torch ops: cold 1,984-token prefill 6.95 s with them against 2.33 s without, a 64-token chunk
-over 1,984 cached tokens 485 ms against 149 ms, TPOT at 512 tokens 56.3 ms against 36.5 ms; the
-prefill kernel alone 684 ms against SDPA's 511 ms on 2,048 tokens. Built for AVX2 on an AVX-512
-CPU they are 2.5-3.8x slower than torch ops, where the native build is 1.1-1.3x faster
-(benchmarks/speed/avx2_kernels/RESULTS.md): GCC splits the 64-byte vectors through xmm moves
-and stack spills, and the small GEMM falls back to a scalar loop. When the build fails (no
-compiler), :func:`load` logs why once and returns ``None``, and the model runs torch ops.
+The library holds the paged decode and prefill attention kernels, the fused elementwise ops
+of the decoder layer (``fused_ops.cpp``: compiled without fast-math by a pragma, since they
+must return torch's bits) and the linear kernel of 1-8 rows (``small_gemm.cpp``).
+``PREFIXCACHE_CPU_KERNELS=0`` turns them all off (the model then runs torch ops only, as on
+CUDA) and ``=1`` turns them on on any CPU. Unset (or ``auto``) they are used only where the
+CPU has AVX-512F: their tiles are sized for 32 zmm registers, and on an AVX2-only AMD EPYC
+(16 ymm registers, measured 2026-12-02, bench model in process, one thread) they were slower
+than torch ops: cold 1,984-token prefill 6.95 s with them against 2.33 s without, a 64-token
+chunk over 1,984 cached tokens 485 ms against 149 ms, TPOT at 512 tokens 56.3 ms against
+36.5 ms; the prefill kernel alone 684 ms against SDPA's 511 ms on 2,048 tokens. Built for
+AVX2 on an AVX-512 CPU they are 2.5-3.8x slower than torch ops, where the native build is
+1.1-1.3x faster (benchmarks/speed/avx2_kernels/RESULTS.md): GCC splits the 64-byte vectors
+through xmm moves and stack spills, and the small GEMM falls back to a scalar loop. When the
+build fails (no compiler), :func:`load` logs why once and returns ``None``, and the model
+runs torch ops.
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ import logging
 import os
 import platform
 import shutil
+import sys
+import sysconfig
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,13 +104,22 @@ def isa_supported(flags: str | None = None) -> bool:
     return "avx512f" in line.replace(":", " ").split()
 
 
+def environment() -> list[str]:
+    """What the build's command lines name besides the sources: torch's and Python's
+    header directories (a virtual environment of its own each). Two environments sharing
+    one build directory would rewrite each other's ``build.ninja``, and ninja would rebuild
+    the whole library (minutes) every time a process of the other one loads it."""
+    return [str(Path(torch.__file__).resolve().parent), sysconfig.get_paths()["include"],
+            sys.version]
+
+
 def build_name() -> str:
     """The library's name: ``prefixcache_cpu_kernels_`` and a digest of what it is built
-    from (sources, flags, torch version, CPU flags, machine)."""
+    from (sources, flags, torch version, CPU flags, machine, :func:`environment`)."""
     h = hashlib.sha256()
     parts = [p.read_bytes() for p in [*SOURCES, *HEADERS]] + [
         " ".join(CFLAGS).encode(), torch.__version__.encode(), _cpu_flags().encode(),
-        platform.machine().encode()]
+        platform.machine().encode(), *(e.encode() for e in environment())]
     for part in parts:
         h.update(part)
         h.update(b"\0")
@@ -175,7 +190,9 @@ def load() -> ModuleType | None:
     """The kernels' module, built on first call; ``None`` when disabled or when the build
     failed (the reason is logged once and kept in :func:`failure`)."""
     global _module, _failed
-    if _module is not None or _failed is not None or not enabled():
+    if not enabled():  # first: a bad PREFIXCACHE_CPU_KERNELS raises even once loaded
+        return None
+    if _module is not None or _failed is not None:
         return _module
     with _lock:
         if _module is not None or _failed is not None:
