@@ -23,13 +23,14 @@ def test_isa_supported_reads_avx512f_as_a_whole_flag():
     assert not build.isa_supported(NEON)
     assert not build.isa_supported("flags : avx512fp16x")  # a flag that only starts alike
     assert not build.isa_supported("")
+    assert build._this_cpu_supported() is build.isa_supported()  # this CPU's flags
 
 
 @pytest.mark.parametrize("isa, mode, expected", [
     (True, None, True), (False, None, False), (True, "auto", True), (False, "auto", False),
     (False, "1", True), (True, "0", False), (False, " AUTO ", False), (True, "", True)])
 def test_modes(monkeypatch, isa, mode, expected):
-    monkeypatch.setattr(build, "isa_supported", lambda flags=None: isa)
+    monkeypatch.setattr(build, "_this_cpu_supported", lambda: isa)
     if mode is None:
         monkeypatch.delenv("PREFIXCACHE_CPU_KERNELS", raising=False)
     else:
@@ -46,7 +47,7 @@ def test_a_bad_value_names_the_variable(monkeypatch):
 
 
 def test_auto_without_avx512_runs_torch_ops_and_builds_nothing(monkeypatch):
-    monkeypatch.setattr(build, "isa_supported", lambda flags=None: False)
+    monkeypatch.setattr(build, "_this_cpu_supported", lambda: False)
     monkeypatch.delenv("PREFIXCACHE_CPU_KERNELS", raising=False)
     monkeypatch.setattr(build, "_module", None)
     monkeypatch.setattr(build, "_failed", None)

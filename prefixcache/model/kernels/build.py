@@ -72,13 +72,14 @@ def enabled() -> bool:
     or ``auto`` and :func:`isa_supported`. Raises ``ValueError`` naming the variable when it
     holds anything else."""
     global _auto_logged
-    mode = os.environ.get("PREFIXCACHE_CPU_KERNELS", "auto").strip().lower() or "auto"
+    raw = os.environ.get("PREFIXCACHE_CPU_KERNELS")  # read per call: tests and A/Bs flip it
+    mode = "auto" if raw is None else raw.strip().lower() or "auto"
     if mode not in _MODES:
         raise ValueError(f"PREFIXCACHE_CPU_KERNELS must be one of {', '.join(_MODES)}, "
                          f"not {os.environ['PREFIXCACHE_CPU_KERNELS']!r}")
     if mode != "auto":
         return mode == "1"
-    ok = isa_supported()
+    ok = _this_cpu_supported()
     if not ok and not _auto_logged:
         _auto_logged = True
         log.info("CPU kernels off: this CPU has no AVX-512F, where they run slower than torch "
@@ -95,6 +96,12 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+@functools.lru_cache(maxsize=1)
+def _this_cpu_supported() -> bool:
+    """:func:`isa_supported` for this CPU, read once (``enabled`` runs in every linear call)."""
+    return isa_supported()
 
 
 def isa_supported(flags: str | None = None) -> bool:
