@@ -116,7 +116,8 @@ def load_model(model: str, device: torch.device | str = "cpu",
     dtype = resolve_dtype(dtype)
     if torch.device(device).type == "cpu":
         host_memory.keep_freed_memory()
-        kernels.load()  # built once per machine (about 30 s), not in the first decode step
+        if kernels.enabled():  # raises on a bad PREFIXCACHE_CPU_KERNELS, before serving
+            kernels.load()  # built once per machine (about 30 s), not in the first decode step
     if model.startswith("builtin:"):
         if model not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {model!r}; "

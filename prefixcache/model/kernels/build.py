@@ -76,7 +76,7 @@ def enabled() -> bool:
     mode = "auto" if raw is None else raw.strip().lower() or "auto"
     if mode not in _MODES:
         raise ValueError(f"PREFIXCACHE_CPU_KERNELS must be one of {', '.join(_MODES)}, "
-                         f"not {os.environ['PREFIXCACHE_CPU_KERNELS']!r}")
+                         f"not {raw!r}")
     if mode != "auto":
         return mode == "1"
     ok = _this_cpu_supported()
@@ -194,12 +194,10 @@ def prepare_sources(build: Path) -> list[Path]:
 
 
 def load() -> ModuleType | None:
-    """The kernels' module, built on first call; ``None`` when disabled or when the build
-    failed (the reason is logged once and kept in :func:`failure`)."""
+    """The kernels' module, built on first call; ``None`` when disabled at that call or when
+    the build failed (the reason is logged once and kept in :func:`failure`)."""
     global _module, _failed
-    if not enabled():  # first: a bad PREFIXCACHE_CPU_KERNELS raises even once loaded
-        return None
-    if _module is not None or _failed is not None:
+    if _module is not None or _failed is not None or not enabled():
         return _module
     with _lock:
         if _module is not None or _failed is not None:
