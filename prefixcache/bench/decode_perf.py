@@ -264,6 +264,21 @@ def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
                      repeats, bs)
 
 
+def cpu_kernels_ab(model, decode_cases=((1, 512), (4, 1024)),
+                   prefill_cases=((2048, 2048), (64, 2048)), repeats: int = 5,
+                   bs: int = 16) -> list[dict]:
+    """Rows as :func:`kernel_ab` (decode ``{seqs, ctx}``, prefill ``{new, ctx}``): whole
+    steps with all the CPU kernels (``kernels``) against torch ops only (``torch_ops``,
+    ``PREFIXCACHE_CPU_KERNELS=0``), and the paired ratio ``torch_ops / kernels`` (> 1: the
+    kernels are faster). Empty when the kernels are unavailable."""
+    from prefixcache.model.kernels import build
+
+    if model.device.type != "cpu" or build.load() is None:
+        return []
+    return _steps_ab(model, "PREFIXCACHE_CPU_KERNELS", ("kernels", "torch_ops"), decode_cases,
+                     prefill_cases, repeats, bs)
+
+
 def _prefill_step(model, new: int, ctx: int, bs: int):
     """A pool of random KV and a batch of one prefill chunk: ``new`` tokens after
     ``ctx - new`` cached ones (``new == ctx``: a cold prompt)."""
