@@ -98,7 +98,8 @@ class LLMEngine:
             if config.kv_store_url:
                 remote = RedisTier(config.kv_store_url, self.tiers.fingerprint,
                                    ttl_s=config.kv_store_ttl_s,
-                                   timeout_s=config.kv_store_timeout_s)
+                                   timeout_s=config.kv_store_timeout_s,
+                                   layout=self.tiers.layout)
                 self.tiers.add_remote(remote)
                 self.shared = SharedKVStore(config, self.cache, self.runner.kv, remote,
                                             self.tiers.estimates)

@@ -8,7 +8,10 @@ pool). This module adds what only a shared tier needs:
 - **Stores after local publication.** After every step the pages the step published
   (the cache's event log, :mod:`prefixcache.cache.events`) are copied out of the pool and
   queued for the store worker, which writes them with ``SET NX``: other replicas can hit
-  them at once, not only after this pool evicts them. A full queue drops and counts.
+  them at once, not only after this pool evicts them. Every page not stored is counted by
+  reason (``redis_tier_store_dropped_<reason>``, pages): ``queue_full`` (the bounded queue
+  dropped it), ``refused`` and ``unavailable`` (:meth:`RedisTier.put`), ``error`` (the
+  store raised).
 - **Cold stampede across replicas.** Before admitting a request whose prefix is cold
   here and in Redis, the replica takes the compute lock of its first cold page
   (``SET lock:... NX PX``). If another replica holds it, the request waits (it stays in
@@ -175,7 +178,8 @@ class SharedKVStore:
                  redis_tier_lock_wait_hits=self.lock_wait_hits,
                  redis_tier_lock_timeouts=self.lock_timeouts,
                  redis_tier_published_pages=self.published_pages,
-                 redis_tier_store_dropped=self.queue.dropped)
+                 redis_tier_store_dropped_queue_full=self.queue.dropped_pages,
+                 redis_tier_store_dropped_error=self.queue.error_pages)
         return d
 
     def close(self) -> None:

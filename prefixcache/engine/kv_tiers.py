@@ -38,7 +38,7 @@ from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.tiers.base import Tier
 from prefixcache.cache.tiers.disk_tier import DiskTier
-from prefixcache.cache.tiers.format import PageGroup
+from prefixcache.cache.tiers.format import PageGroup, PageLayout
 from prefixcache.cache.tiers.host_tier import HostTier
 from prefixcache.cache.tiers.store_queue import StoreQueue
 from prefixcache.config import GIB, EngineConfig
@@ -102,7 +102,8 @@ class KVTiers:
         if config.disk_cache_dir:
             self.tiers.append(DiskTier(config.disk_cache_dir, config.disk_cache_bytes,
                                        self.fingerprint,
-                                       max_pinned_fraction=config.max_pinned_fraction))
+                                       max_pinned_fraction=config.max_pinned_fraction,
+                                       layout=self.layout))
         self.local: list[HostTier | DiskTier] = list(self.tiers)  # type: ignore[arg-type]
         self.queue = StoreQueue(self.tiers, config.tier_store_queue)
         self.estimates = LoadEstimator(config.tier_load_policy)
@@ -145,6 +146,11 @@ class KVTiers:
     @property
     def dtype_name(self) -> str:
         return str(self.kv.dtype).removeprefix("torch.")
+
+    @property
+    def layout(self) -> PageLayout:
+        """The pool's page layout: what every tier entry read back must hold."""
+        return PageLayout(self.dtype_name, tuple(self.kv.page_shape))
 
     # -- stores ------------------------------------------------------------------------
     def write_back(self, evicted: list[EvictedPage]) -> None:
@@ -220,7 +226,9 @@ class KVTiers:
             if data is None:
                 break
             fetched.append((tier, data, time.perf_counter() - t0))
-            at += len(run)
+            at += data.shape[0]
+            if data.shape[0] < len(run):  # what verified up to a missing or bad page
+                break
         total = at - first
         if not total or not cache.allocate(pt, total * bs):
             return 0
@@ -274,21 +282,25 @@ class KVTiers:
 
     def _fetch(self, pt: PageTable, tier: Tier, run: list[bytes], at: int
                ) -> torch.Tensor | None:
-        """Pages ``run`` of ``tier`` as a ``[len(run), *page_shape]`` CPU tensor, for
-        positions ``at..`` of ``pt``; ``None`` when the group is missing, fails
-        verification, or holds other tokens or another layout."""
+        """The leading pages of ``run`` that ``tier`` holds and verifies (its own checks
+        include the page hashes, the layout and ``pt``'s token ids), as a
+        ``[n, *page_shape]`` CPU tensor for positions ``at..`` of ``pt``, ``n <= len(run)``;
+        ``None`` when the first page is missing or fails."""
         bs = self.cache.block_size
-        group = tier.get(run)
-        if group is None or group.dtype != self.dtype_name \
+        want = [tuple(pt.token_ids[(at + j) * bs:(at + j + 1) * bs]) for j in range(len(run))]
+        group = tier.get(run, want)
+        if group is None:
+            return None
+        n = group.num_pages
+        # the tier checked these; a tier that did not is still never loaded from
+        if group.hashes != tuple(run[:n]) or group.dtype != self.dtype_name \
                 or group.page_shape != self.kv.page_shape:
             return None
-        want = tuple(tuple(pt.token_ids[(at + j) * bs:(at + j + 1) * bs])
-                     for j in range(len(run)))
-        if group.token_ids != want:
+        if group.token_ids != tuple(want[:n]):
             self.token_mismatches += 1
             return None
         data = torch.frombuffer(bytearray(group.payload), dtype=torch.uint8)
-        return data.view(self.kv.dtype).view(len(run), *self.kv.page_shape)
+        return data.view(self.kv.dtype).view(n, *self.kv.page_shape)
 
     # -- introspection -----------------------------------------------------------------
     def flush(self) -> None:

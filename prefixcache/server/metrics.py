@@ -106,11 +106,12 @@ REDIS_COUNTERS = (
     ("store_seconds", "Wall time of stores into the shared KV tier, seconds."),
     ("load_seconds", "Wall time of lookups and reads of the shared KV tier, seconds."),
     ("published_pages", "Pages queued for the shared KV tier at publication."),
-    ("store_dropped", "Shared KV tier stores dropped because its queue was full."),
     ("lock_waits", "Requests that waited for another replica computing their prefix."),
     ("lock_wait_hits", "Such waits that ended with the other replica's pages in the store."),
     ("lock_timeouts", "Such waits that ended without them (the request computed itself)."),
 )
+# why a page published for the shared tier was not stored (label ``reason``)
+REDIS_DROP_REASONS = ("queue_full", "refused", "unavailable", "error")
 
 ENGINE_GAUGES = (
     ("kv_pages_total", "KV pool size, pages.", "pages_total"),
@@ -165,6 +166,18 @@ class EngineStatsCollector:
             if f"redis_tier_{key}" in s:
                 yield CounterMetricFamily(f"redis_tier_{key}", doc,
                                           value=float(s[f"redis_tier_{key}"]))
+        dropped = {r: s[f"redis_tier_store_dropped_{r}"] for r in REDIS_DROP_REASONS
+                   if f"redis_tier_store_dropped_{r}" in s}
+        if dropped:
+            fam = CounterMetricFamily(
+                "redis_tier_store_dropped", "Pages published for the shared KV tier and not "
+                "stored, by reason: queue_full (its store queue was full), refused (Redis "
+                "answered the write with an error: out of memory, read-only), unavailable "
+                "(Redis did not answer or the tier was degraded), error (the store raised).",
+                labels=["reason"])
+            for r, n in dropped.items():
+                fam.add_metric([r], float(n))
+            yield fam
         if "redis_tier_degraded" in s:
             yield GaugeMetricFamily("redis_tier_degraded", "1 while the shared KV tier is "
                                     "degraded (a recent call failed; it is skipped).",

@@ -1,6 +1,7 @@
 """The shared KV tier on a real redis-server: keys, values in the tiers' format, SET NX +
-TTL, lookups that stop at the first miss and never extend a TTL, corrupt values, the
-compute lock, and Redis down or slow."""
+TTL, lookups that stop at the first miss and never extend a TTL, corrupt values (the pages
+before the first one load, every one read is deleted), writes Redis refuses (counted per page),
+the compute lock, and Redis down or slow."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ import time
 import pytest
 import redis
 
+from helpers.redis_server import RedisServer
 from prefixcache.cache.tiers.base import Tier
 from prefixcache.cache.tiers.format import PageGroup
 from prefixcache.cache.tiers.redis_store import KEY_VERSION, RedisTier
@@ -53,10 +55,13 @@ def test_round_trip_keys_and_first_miss(tier):
     assert got is not None and got.hashes == tuple(hashes[1:3])
     assert got.payload == _group(hashes[:3]).payload[64:]
     assert got.token_ids == ((4, 5, 6, 7), (8, 9, 10, 11))
-    assert tier.get(hashes[2:4]) is None  # one page missing: a miss
+    part = tier.get(hashes[2:4])  # the pages up to the missing one
+    assert part is not None and part.hashes == (hashes[2],)
+    assert part.payload == _group(hashes[:3]).payload[128:]
+    assert tier.get(hashes[3:5]) is None  # the first page missing: a miss
     assert tier.contains(hashes[0]) and not tier.contains(hashes[4])
     s = tier.stats()
-    assert (s.stores, s.pages, s.loads, s.hits, s.misses) == (1, 3, 1, 2, 1)
+    assert (s.stores, s.pages, s.loads, s.hits, s.misses) == (1, 3, 2, 3, 2)
 
 
 def test_set_nx_with_ttl_and_lookups_never_extend_it(tier):
@@ -94,6 +99,81 @@ def test_corrupt_and_foreign_values_are_misses_deleted_and_counted(tier):
     other.close()
 
 
+def _damage(tier: RedisTier, page_hash: bytes) -> None:
+    raw = bytearray(tier.client.get(tier.key(page_hash)))
+    raw[-1] ^= 0xFF  # payload bit flip: the checksum fails
+    tier.client.set(tier.key(page_hash), bytes(raw))
+
+
+def test_pages_before_the_first_bad_value_load_and_every_bad_value_is_deleted(tier):
+    hashes = [_h(i) for i in range(100, 106)]
+    g = _group(hashes)
+    assert tier.put(g)
+    for i in (2, 4, 5):
+        _damage(tier, hashes[i])
+    tier.client.set(tier.key(hashes[3]), tier.client.get(tier.key(hashes[0])))  # foreign
+    got = tier.get(hashes, g.token_ids)
+    assert got == g.select(hashes[:2])  # what verifies, up to the first bad page
+    s = tier.stats()
+    assert (s.corrupt, s.loads, s.hits, s.misses) == (4, 1, 2, 1)
+    assert [tier.client.exists(tier.key(h)) for h in hashes] == [1, 1, 0, 0, 0, 0]
+    assert [tier.contains(h) for h in hashes] == [True, True, False, False, False, False]
+    # the recomputed pages take the freed keys (SET NX writes them again)
+    assert tier.put(g)
+    s = tier.stats()
+    assert (s.stores, s.pages, s.skipped) == (2, 6 + 4, 2)
+    assert tier.get(hashes, g.token_ids) == g and tier.stats().corrupt == 4
+    # a value holding other token ids than the reader's is bad too
+    wrong = (g.token_ids[0], (9, 9, 9, 9))
+    assert tier.get(hashes[:2], wrong) == g.select(hashes[:1])
+    assert tier.stats().corrupt == 5 and tier.client.exists(tier.key(hashes[1])) == 0
+
+
+@pytest.fixture()
+def full_redis(redis_server):
+    """The test server out of memory under ``noeviction``: every write is refused."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+    try:
+        yield redis_server.url
+    finally:
+        client.config_set("maxmemory", "32mb")
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        client.close()
+
+
+def test_writes_redis_refuses_for_memory_are_counted_per_page(full_redis):
+    t = RedisTier(full_redis, FP)
+    hashes = [_h(i) for i in range(3)]
+    assert t.put(_group(hashes)) is False
+    assert t.put(_group(hashes[:1])) is False
+    assert t.dropped == {"refused": 4, "unavailable": 0}
+    s = t.stats()
+    assert (s.stores, s.pages, s.failures) == (0, 0, 2)
+    assert not t.degraded and t.lookup_run(hashes) == 0  # Redis answers: reads go on
+    assert not any(t.contains(h) for h in hashes)  # so a later publication tries again
+    t.client.config_set("maxmemory", "32mb")
+    assert t.put(_group(hashes)) and t.lookup_run(hashes) == 3
+    assert t.stats().pages == 3 and t.dropped["refused"] == 4
+    t.close()
+
+
+def test_writes_to_a_read_only_replica_are_counted_per_page(redis_server, tmp_path):
+    replica = RedisServer(tmp_path)
+    try:
+        client = redis.Redis.from_url(replica.url)
+        client.replicaof("127.0.0.1", redis_server.port)
+        t = RedisTier(replica.url, FP)
+        assert t.put(_group([_h(1), _h(2)])) is False
+        assert t.dropped == {"refused": 2, "unavailable": 0} and not t.degraded
+        t.close()
+        client.close()
+    finally:
+        replica.stop()
+
+
 def test_compute_lock_is_exclusive_and_expires(tier):
     other = RedisTier(tier.url, FP)
     h = _h(9)
@@ -114,6 +194,7 @@ def test_redis_down_degrades_without_raising():
                   clock=lambda: clock[0])
     assert t.lookup_run([_h(1)]) == 0 and t.degraded and t.errors == 1
     assert t.put(_group([_h(1)])) is False and t.get([_h(1)]) is None
+    assert t.dropped == {"refused": 0, "unavailable": 1}
     assert t.try_lock(_h(1), 100) is None
     assert t.errors == 1  # while degraded nothing is sent
     clock[0] = 6.0

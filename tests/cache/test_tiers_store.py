@@ -155,3 +155,34 @@ def test_store_queue_drops_when_full_and_flushes(tmp_path: Path) -> None:
     q.close()
     with pytest.raises(ValueError, match="max_pending"):
         StoreQueue([], max_pending=0)
+
+
+@pytest.mark.parametrize("kind", ["host", "disk"])
+def test_get_returns_the_leading_pages_held_and_checks_token_ids(kind: str,
+                                                                 tmp_path: Path) -> None:
+    t: Tier = HostTier(10_000) if kind == "host" else DiskTier(tmp_path, 10_000, FP)
+    assert t.put(grp(1)) and t.put(grp(2))
+    g = t.get([h(1), h(2), h(3)])  # page 3 is not held: the two before it
+    assert g is not None and g.hashes == (h(1), h(2))
+    assert g.payload == bytes([1]) * 64 + bytes([2]) * 64
+    s = t.stats()
+    assert (s.hits, s.misses, s.corrupt) == (1, 1, 0)
+    g = t.get([h(1), h(2)], [(1, 2, 3, 4), (0, 0, 0, 0)])  # page 2 holds other tokens
+    assert g is not None and g.hashes == (h(1),) and g.token_ids == ((1, 2, 3, 4),)
+    s = t.stats()
+    assert (s.corrupt, s.pages) == (1, 1) and t.contains(h(1)) and not t.contains(h(2))
+    assert t.get([h(2)]) is None
+
+
+def test_store_queue_counts_the_pages_it_drops_and_those_a_tier_raised_on() -> None:
+    class Raising(HostTier):
+        def put(self, group: PageGroup) -> bool:
+            raise RuntimeError("a tier bug")
+
+    q = StoreQueue([Raising(1 << 20)], max_pending=4)
+    assert q.submit(grp(1, 2, 3)) and q.submit(grp(4))
+    q.flush()
+    assert (q.errors, q.error_pages) == (2, 4)
+    q.close()  # no worker: the queue fills
+    assert [q.submit(grp(i, i + 1)) for i in range(0, 12, 2)] == [True] * 4 + [False] * 2
+    assert (q.dropped, q.dropped_pages) == (2, 4)

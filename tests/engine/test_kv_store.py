@@ -1,15 +1,19 @@
 """The shared KV tier (L4) between engines on one real redis-server: a prompt computed
 on replica A is a hit on replica B with the same output, never for another tenant; cold
-stampedes across replicas wait for the leader (bounded); Redis down keeps serving."""
+stampedes across replicas wait for the leader (bounded); Redis down keeps serving; damaged
+values load what verifies and heal in one request; every page not stored is counted by reason."""
 from __future__ import annotations
 
 import socket
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from prefixcache import LLM, SamplingParams
 from prefixcache.cache.tiers.redis_store import RedisTier
+from prefixcache.server.metrics import EngineStatsCollector
 
 G = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=3)
 P = [1] + [(13 * i) % 250 + 3 for i in range(120)]  # 121 tokens: 7 full pages hit at most
@@ -150,3 +154,102 @@ def test_redis_down_keeps_serving():
         assert s["redis_tier_degraded"] == 1.0 and s["redis_tier_errors"] >= 1
     finally:
         llm.engine.close()
+
+
+def _damage(client: redis.Redis, key: bytes) -> None:
+    raw = bytearray(client.get(key))
+    raw[-1] ^= 0xFF  # payload bit flip: the checksum fails
+    client.set(key, bytes(raw))
+
+
+def test_damaged_values_load_what_verifies_and_heal_in_one_request(url):
+    """Pages 2, 4 and 5 of P damaged in Redis: B loads pages 0..1, deletes all three bad
+    values, recomputes from page 2 and stores the recomputed pages in their place, so C
+    hits the whole prefix."""
+    a, b, c = replica(url), replica(url), replica(url)
+    client = redis.Redis.from_url(url)
+    try:
+        cold = run(a, P)
+        flush(a)
+        remote = a.engine.shared.remote  # type: ignore[union-attr]
+        pt = a.engine.cache.new_page_table("probe", P)
+        hashes = a.engine.cache.page_hashes(pt, HIT // 16)
+        a.engine.cache.free(pt)
+        keys = [remote.key(h) for h in hashes]
+        assert client.exists(*keys) == 7
+        for i in (2, 4, 5):
+            _damage(client, keys[i])
+        out = run(b, P)
+        assert out.num_cached_tokens == 2 * 16
+        assert out.outputs[0].token_ids == cold.outputs[0].token_ids
+        s = b.engine.stats()
+        assert s["redis_tier_corrupt"] == 3 and s["redis_tier_hit_tokens"] == 2 * 16
+        assert s["failed_steps"] == 0
+        flush(b)
+        s = b.engine.stats()
+        # B published pages 2..6: the three freed keys were written, 3 and 6 were there
+        assert (s["redis_tier_pages"], s["redis_tier_skipped"]) == (3, 2)
+        warm = run(c, P)
+        assert warm.num_cached_tokens == HIT
+        assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+        assert c.engine.stats()["redis_tier_corrupt"] == 0
+    finally:
+        client.close()
+        for llm in (a, b, c):
+            llm.engine.close()
+
+
+def test_writes_redis_refuses_are_counted_per_page(url):
+    """Redis out of memory under ``noeviction`` refuses every write: each published page
+    is counted, by reason, and the tier keeps serving reads (it is not degraded)."""
+    client = redis.Redis.from_url(url)
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+    a = replica(url)
+    try:
+        out = run(a, P)
+        assert out.outputs[0].finish_reason == "length"
+        flush(a)
+        s = a.engine.stats()
+        assert s["redis_tier_published_pages"] == len(P) // 16 == 7
+        assert s["redis_tier_store_dropped_refused"] == 7
+        assert s["redis_tier_store_dropped_unavailable"] == 0
+        assert s["redis_tier_store_dropped_queue_full"] == 0
+        assert (s["redis_tier_pages"], s["redis_tier_degraded"]) == (0, 0.0)
+        m = scrape(s)
+        assert m['redis_tier_store_dropped_total{reason="refused"}'] == 7
+        assert m['redis_tier_store_dropped_total{reason="queue_full"}'] == 0
+    finally:
+        client.config_set("maxmemory", "32mb")
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        client.close()
+        a.engine.close()
+
+
+def test_a_full_store_queue_counts_every_page_it_drops(url):
+    a = replica(url, tier_store_queue=1)
+    try:
+        shared = a.engine.shared
+        assert shared is not None
+        shared.queue.close()  # no worker: the queue fills and stays full
+        run(a, P)  # its 7 pages take the one place in the queue
+        run(a, [2] + P[1:])  # 7 more pages: dropped
+        s = a.engine.stats()
+        assert (shared.queue.submitted, shared.queue.dropped) == (1, 1)
+        assert s["redis_tier_published_pages"] == 14
+        assert s["redis_tier_store_dropped_queue_full"] == 7
+    finally:
+        a.engine.close()
+
+
+def scrape(stats: dict) -> dict[str, str | float]:
+    col = EngineStatsCollector()
+    col.snapshot = stats
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(col)  # type: ignore[arg-type]
+    out: dict[str, str | float] = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for sample in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out

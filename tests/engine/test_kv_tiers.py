@@ -89,6 +89,36 @@ def test_bad_disk_read_is_a_miss_and_recompute_equals_cold(cold, tmp_path, kind)
     assert s["pages_live"] == 0
 
 
+def test_a_valid_file_of_another_prompt_over_a_file_is_a_miss_equal_cold(cold, tmp_path):
+    """A restore or an rsync over a live cache directory puts prompt B's (valid,
+    checksummed) group file under the name of prompt A's: reading it is a counted miss, the
+    file is removed, A recomputes, and once its pages are written again they hit."""
+    llm = tiered(disk_cache_dir=str(tmp_path / "a"))
+    run(llm, A)
+    run(llm, B)  # evicts A's pages 2..8 into one file
+    flush(llm)
+    other = tiered(disk_cache_dir=str(tmp_path / "b"))
+    run(other, B)
+    run(other, A)  # evicts B's pages 2..8 into one file
+    flush(other)
+    (file_a,), (file_b,) = (list((tmp_path / d).glob("*.kvpg")) for d in ("a", "b"))
+    file_a.write_bytes(file_b.read_bytes())
+    out = run(llm, A)
+    same(out, cold["A"])
+    s = llm.stats()
+    assert out.num_cached_tokens == 2 * 16 and s["disk_tier_hit_tokens"] == 0
+    assert s["disk_tier_corrupt"] == 1 and s["disk_tier_failures"] == 0
+    assert s["failed_steps"] == 0 and s["pages_live"] == 0
+    assert not file_a.exists()
+    run(llm, B)  # evicts A again: its recomputed pages are written back
+    flush(llm)
+    same(out := run(llm, A), cold["A"])
+    s = llm.stats()
+    # B (its own file was intact) and then A each loaded 7 pages from disk
+    assert out.num_cached_tokens == 144 and s["disk_tier_hit_tokens"] == 2 * 7 * 16
+    assert s["disk_tier_corrupt"] == 1
+
+
 @pytest.mark.parametrize("kind", ["enospc", "mid_write"])
 def test_failed_store_is_invisible(cold, tmp_path, kind):
     llm = tiered(disk_cache_dir=str(tmp_path))

@@ -1,5 +1,6 @@
 """``prefixcache serve`` with KV tiers: tier hits count in ``cached_tokens`` and /metrics,
-and a graceful shutdown writes the pool down so a restarted server hits the disk."""
+and a graceful shutdown writes the pool down so a restarted server hits the disk; another
+prompt's valid file copied over a file is a counted miss, never a 500."""
 from __future__ import annotations
 
 import time
@@ -54,5 +55,39 @@ def test_serve_with_tiers_hits_and_survives_restart(tmp_path):
         m = srv.wait_idle()
         assert m["disk_tier_hit_tokens_total"] == 2 * 144
         assert m["disk_tier_corrupt_total"] == 0
+    finally:
+        srv.stop()
+
+
+def wait_files(directory, n: int) -> list:
+    t0 = time.monotonic()
+    while True:
+        files = sorted(directory.glob("*.kvpg"), key=lambda p: p.stat().st_mtime_ns)
+        if len(files) >= n or time.monotonic() - t0 > 20:
+            return files
+        time.sleep(0.05)
+
+
+def test_serve_a_valid_file_of_another_prompt_over_a_file_is_a_miss_not_a_500(tmp_path):
+    """Prompt B's group file copied over prompt A's while the server runs (a restore, an
+    rsync): the request for A answers 200, recomputes, and the file is counted and removed."""
+    kv = tmp_path / "kv"
+    srv = LiveServer(["--served-model-name", "tiny", "--num-pages", "12",
+                      "--disk-cache-dir", str(kv)], tmp_path / "a.log")
+    try:
+        srv.wait_ready()
+        assert complete(srv, A) == 0
+        assert complete(srv, B) == 0  # A's pages 2..8 go to one file
+        (file_a,) = wait_files(kv, 1)
+        assert complete(srv, A) == 144  # loaded; B's pages 2..8 go to another file
+        file_b = next(p for p in wait_files(kv, 2) if p != file_a)
+        file_a.write_bytes(file_b.read_bytes())
+        assert complete(srv, B) == 144  # B's own file is intact
+        assert complete(srv, A) == 2 * 16  # 2 pages from the pool, the rest recomputed
+        assert complete(srv, A) == 144  # and published again
+        m = srv.wait_idle()
+        assert m["disk_tier_corrupt_total"] == 1 and m["engine_failed_steps_total"] == 0
+        assert m["disk_tier_hit_tokens_total"] == 2 * 7 * 16
+        assert not file_a.exists()
     finally:
         srv.stop()

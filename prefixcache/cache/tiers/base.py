@@ -60,9 +60,13 @@ class Tier(Protocol):
         """How many leading pages of ``hashes`` the tier holds (visible, fully stored)."""
         ...
 
-    def get(self, hashes: Sequence[bytes]) -> PageGroup | None:
-        """The verified pages ``hashes`` (in that order) as one group, or ``None`` when any
-        is missing or fails verification (a failing entry is removed and counted)."""
+    def get(self, hashes: Sequence[bytes],
+            token_ids: Sequence[Sequence[int]] | None = None) -> PageGroup | None:
+        """The leading pages of ``hashes`` that are held and verify, in that order, as one
+        group (all of them, or fewer: the pages up to the first one missing or failing), or
+        ``None`` when the first one does. ``token_ids`` (one sequence per hash) are the
+        token ids the caller expects: a page holding others fails verification. An entry
+        that fails verification is removed and counted."""
         ...
 
     def put(self, group: PageGroup) -> bool:

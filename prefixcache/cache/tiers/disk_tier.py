@@ -14,7 +14,10 @@ least recently used first, never one holding a page of the group being stored; f
 holding a pinned page (TTL pins demoted from the pool, :mod:`.tier_pins`) go only after
 every other file, within their byte cap (pins live in memory: after a restart no file is
 pinned). A read that fails verification
-is a miss: the file is removed and counted.
+is a miss: the file is removed and counted. Verification covers the header's claims too: a
+valid file that holds other pages than the index has for its name (a file copied over
+another, a restored backup), another page layout or other token ids fails like a flipped
+byte.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from prefixcache.cache.tiers.format import (
     PREFIX_BYTES,
     CorruptEntry,
     PageGroup,
+    PageLayout,
+    check_pages,
     decode,
     encode,
     header_length,
@@ -72,6 +77,8 @@ class DiskTier:
         fingerprint: the running model's fingerprint; only its files are indexed and read.
         io: the file operations (tests pass a :class:`~.tier_io.FaultyIO`).
         max_pinned_fraction: share of the budget files holding pinned pages may use.
+        layout: the running model's page layout; a file in another one fails its read
+            (``None``: not checked).
 
     Raises:
         ValueError: ``capacity_bytes < 1``, an empty ``fingerprint``,
@@ -82,14 +89,15 @@ class DiskTier:
     name = "disk"
 
     def __init__(self, directory: str | Path, capacity_bytes: int, fingerprint: bytes,
-                 io: TierIO | None = None, max_pinned_fraction: float = 0.0):
+                 io: TierIO | None = None, max_pinned_fraction: float = 0.0,
+                 layout: PageLayout | None = None):
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
         if not fingerprint:
             raise ValueError("fingerprint must be non-empty")
         self.directory = _writable_dir(Path(directory))
         self.capacity_bytes = capacity_bytes
-        self.fingerprint = fingerprint
+        self.fingerprint, self.layout = fingerprint, layout
         self.io = io or TierIO()
         self.pins = TierPins(capacity_bytes, max_pinned_fraction)  # keyed by file name
         self._lock = threading.Lock()
@@ -181,39 +189,60 @@ class DiskTier:
         with self._lock:
             return page_hash in self._where
 
-    def get(self, hashes: Sequence[bytes]) -> PageGroup | None:
+    def get(self, hashes: Sequence[bytes],
+            token_ids: Sequence[Sequence[int]] | None = None) -> PageGroup | None:
+        """The leading pages of ``hashes`` whose files verify (see :meth:`.base.Tier.get`).
+        A file is read whole and must hold exactly the pages the index has for it, in the
+        running layout, with ``token_ids`` where given; a file that fails is removed and
+        counted, and the pages from it on are a miss."""
         with self._lock:
-            names = [self._where.get(h) for h in hashes]
-            if None in names:
+            names: list[str] = []  # the files of the leading pages held
+            for h in hashes:
+                name = self._where.get(h)
+                if name is None:
+                    break
+                names.append(name)
+            if not names:
                 self._stats.misses += 1
                 return None
-            for name in dict.fromkeys(names):
-                self._files.move_to_end(name)  # type: ignore[arg-type]
+            held = {n: self._files[n][0] for n in names}
+            for name in held:
+                self._files.move_to_end(name)
+        want = dict(zip(hashes, token_ids)) if token_ids is not None else None
         groups: dict[str, PageGroup] = {}
-        for name in dict.fromkeys(names):
-            assert name is not None
-            g = self._read(name)
-            if g is None:
-                return None
-            groups[name] = g
-        parts = [groups[n].select([h]) for n, h in zip(names, hashes)]  # type: ignore[index]
+        parts: list[tuple[PageGroup, int]] = []
+        for name, h in zip(names, hashes):
+            if name not in groups:
+                g = self._read(name, held[name], want)
+                if g is None:
+                    break
+                groups[name] = g
+            parts.append((groups[name], held[name].index(h)))
         with self._lock:
-            self._stats.hits += 1
-        return PageGroup(self.fingerprint, tuple(hashes), tuple(p.token_ids[0] for p in parts),
-                         parts[0].dtype, parts[0].page_shape, b"".join(p.payload for p in parts))
+            self._stats.hits += bool(parts)
+            self._stats.misses += len(parts) < len(hashes)
+        if not parts:
+            return None
+        first = parts[0][0]
+        return PageGroup(self.fingerprint, tuple(hashes[:len(parts)]),
+                         tuple(g.token_ids[i] for g, i in parts), first.dtype,
+                         first.page_shape, b"".join(g.page_payload(i) for g, i in parts))
 
-    def _read(self, name: str) -> PageGroup | None:
+    def _read(self, name: str, hashes: tuple[bytes, ...],
+              want: dict[bytes, Sequence[int]] | None) -> PageGroup | None:
+        """File ``name``, verified to hold ``hashes`` (its index entry); ``None`` when it
+        fails (the file is removed and counted)."""
         path = self.directory / name
         try:
             data = self.io.read(path)
             g = decode(data, self.fingerprint)
+            check_pages(g, hashes, self.layout, want)
         except (OSError, CorruptEntry) as e:
             with self._lock:
                 if name in self._files:
                     self._unindex(name)
                 self._stats.corrupt += isinstance(e, CorruptEntry)
                 self._stats.failures += isinstance(e, OSError)
-                self._stats.misses += 1
             self.io.remove(path)
             return None
         with self._lock:

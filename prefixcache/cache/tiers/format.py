@@ -16,16 +16,18 @@ pages written together; its bytes are a fixed header followed by the raw payload
     payload  n_pages x prod(page shape) x itemsize bytes, page-major
 
 Bytes in, bytes out: nothing here knows torch. :func:`decode` raises :class:`CorruptEntry` on
-any mismatch (magic, version, lengths, checksum, fingerprint, token count); callers turn it
-into a miss, remove the entry and count it. :func:`read_header` parses the header alone (the
-disk tier rebuilds its index from files' headers without reading their payloads).
+any mismatch (magic, version, lengths, checksum, fingerprint, token count), and
+:func:`check_pages` on a valid value that holds other pages than its key says (page hashes,
+layout, token ids); callers turn either into a miss, remove the entry and count it.
+:func:`read_header` parses the header alone (the disk tier rebuilds its index from files'
+headers without reading their payloads).
 """
 from __future__ import annotations
 
 import hashlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from prefixcache.cache.hashing import tokens_to_bytes
@@ -46,7 +48,7 @@ class CorruptEntry(ValueError):
     """A tier value failed verification (bad magic, version, length, checksum, fingerprint).
 
     ``reason`` is one of ``"magic"``, ``"version"``, ``"length"``, ``"checksum"``,
-    ``"fingerprint"``, ``"header"``."""
+    ``"fingerprint"``, ``"header"``, ``"hashes"``, ``"layout"``, ``"tokens"``."""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"corrupt tier entry ({reason}){': ' + detail if detail else ''}")
@@ -211,6 +213,44 @@ def decode(data: bytes, expected_fingerprint: bytes) -> PageGroup:
         return PageGroup(h.fingerprint, h.hashes, h.token_ids, h.dtype, h.page_shape, payload)
     except ValueError as e:
         raise CorruptEntry("length", str(e)) from e
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """What one page of the running model looks like: the payload's element type (a key of
+    :data:`ITEMSIZE`) and the shape of one page's payload."""
+
+    dtype: str
+    page_shape: tuple[int, ...]
+
+
+def check_pages(group: PageGroup, hashes: Sequence[bytes],
+                layout: PageLayout | None = None,
+                token_ids: Mapping[bytes, Sequence[int]] | None = None) -> None:
+    """Check that a decoded value is the entry its key names: a checksum proves the bytes
+    are whole, not that they are the pages the reader asked for (a valid value copied over
+    another one's key, a restored backup).
+
+    Args:
+        group: the decoded value.
+        hashes: the page hashes the entry must hold, in its order.
+        layout: the running model's page layout (``None``: not checked).
+        token_ids: expected token ids of some of its pages, by page hash.
+
+    Raises:
+        CorruptEntry: ``"hashes"``, ``"layout"`` or ``"tokens"``: the first check failed."""
+    if group.hashes != tuple(hashes):
+        raise CorruptEntry("hashes", f"{group.num_pages} pages, not the {len(hashes)} "
+                           "its key names")
+    if layout is not None and (group.dtype, group.page_shape) != (layout.dtype,
+                                                                  layout.page_shape):
+        raise CorruptEntry("layout", f"{group.dtype} {group.page_shape}, expected "
+                           f"{layout.dtype} {layout.page_shape}")
+    if token_ids:
+        for h, toks in zip(group.hashes, group.token_ids):
+            want = token_ids.get(h)
+            if want is not None and toks != tuple(want):
+                raise CorruptEntry("tokens", f"page {h.hex()[:16]} holds other tokens")
 
 
 def _checksum(head: bytes | memoryview, payload: bytes) -> bytes:

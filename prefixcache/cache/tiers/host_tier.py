@@ -53,22 +53,36 @@ class HostTier:
         with self._lock:
             return page_hash in self._pages
 
-    def get(self, hashes: Sequence[bytes]) -> PageGroup | None:
+    def get(self, hashes: Sequence[bytes],
+            token_ids: Sequence[Sequence[int]] | None = None) -> PageGroup | None:
+        """The leading pages held (see :meth:`.base.Tier.get`); a page holding other token
+        ids than ``token_ids`` says is dropped and counted as corrupt."""
         with self._lock:
-            try:
-                pages = [self._pages[h] for h in hashes]
-            except KeyError:
-                self._stats.misses += 1
-                return None
-            for h in hashes:
+            pages: list[PageGroup] = []
+            for i, h in enumerate(hashes):
+                page = self._pages.get(h)
+                if page is None:
+                    break
+                if token_ids is not None and page.token_ids[0] != tuple(token_ids[i]):
+                    self._drop(h)
+                    self._stats.corrupt += 1
+                    break
+                pages.append(page)
                 self._pages.move_to_end(h)
+            self._stats.misses += len(pages) < len(hashes)
+            if not pages:
+                return None
             self._stats.hits += 1
             self._stats.loads += 1
             self._stats.load_bytes += sum(len(p.payload) for p in pages)
         first = pages[0]
-        return PageGroup(first.fingerprint, tuple(hashes),
+        return PageGroup(first.fingerprint, tuple(hashes[:len(pages)]),
                          tuple(p.token_ids[0] for p in pages), first.dtype, first.page_shape,
                          b"".join(p.payload for p in pages))
+
+    def _drop(self, page_hash: bytes) -> None:
+        self._used -= len(self._pages.pop(page_hash).payload)
+        self.pins.release(page_hash)
 
     def put(self, group: PageGroup) -> bool:
         with self._lock:

@@ -10,12 +10,15 @@ engine exports and imports page contents, ``engine/kv_tiers.py``).
   checksum, payload) under one key: a reader sees a whole valid value or a miss, never a
   value without its metadata.
 - **Writes** (:meth:`RedisTier.put`) run on the store worker, after local publication: one
-  pipeline of ``SET key value NX EX ttl`` per group; a page already there is left alone.
+  pipeline of ``SET key value NX PX ttl`` per group; a page already there is left alone; a
+  page Redis refuses (out of memory, read-only) or that never reaches it is counted by reason.
 - **Lookups** (:meth:`RedisTier.lookup_run`): pipelined ``EXISTS`` along the chain in
   chunks, stopping at the first chunk with a miss; :meth:`RedisTier.get` is one pipelined
-  ``GET``. Neither extends a TTL (only ``SET`` sets one).
-- **Corrupt values** (any failed check of :func:`.format.decode`) are a miss: the key is
-  deleted and ``corrupt`` counts it.
+  ``GET`` and returns the pages that verify up to the first one that does not. Neither
+  extends a TTL (only ``SET`` sets one).
+- **Corrupt values** (any failed check of :func:`.format.decode` or
+  :func:`.format.check_pages`) are a miss: every such value read is deleted and counted,
+  so the recomputed pages replace them.
 - **Cold stampede**: :meth:`RedisTier.try_lock` (``SET lock:... NX PX``) and
   :meth:`RedisTier.locked` let a replica that finds a cold prefix locked by another wait a
   bounded time for its pages (``engine/kv_tiers.py`` decides how long).
@@ -34,7 +37,14 @@ from typing import Any
 import redis
 
 from prefixcache.cache.tiers.base import TierStats
-from prefixcache.cache.tiers.format import CorruptEntry, PageGroup, decode, encode
+from prefixcache.cache.tiers.format import (
+    CorruptEntry,
+    PageGroup,
+    PageLayout,
+    check_pages,
+    decode,
+    encode,
+)
 
 KEY_VERSION = b"pckv1"
 LOOKUP_CHUNK = 16          # pages per pipelined EXISTS round trip
@@ -43,6 +53,7 @@ DEFAULT_TIMEOUT_S = 0.1
 DEFAULT_RETRY_S = 5.0
 KNOWN_PAGES = 1 << 16      # hashes remembered as stored (contains() answers locally)
 FAILED: Any = object()     # what _call returns when Redis did not answer
+DROP_REASONS = ("refused", "unavailable")  # why put left a page out (see put)
 
 
 class RedisTier:
@@ -56,6 +67,8 @@ class RedisTier:
         retry_s: how long a failure keeps the tier degraded, seconds (>= 0).
         clock: monotonic time source (tests).
         client: a ready ``redis.Redis`` (tests); default connects to ``url``.
+        layout: the running model's page layout; a value in another one fails its check
+            (``None``: not checked).
 
     Raises:
         ValueError: a bad URL or bound (the message names it).
@@ -65,7 +78,8 @@ class RedisTier:
 
     def __init__(self, url: str, fingerprint: bytes, *, ttl_s: float = DEFAULT_TTL_S,
                  timeout_s: float = DEFAULT_TIMEOUT_S, retry_s: float = DEFAULT_RETRY_S,
-                 clock: Callable[[], float] = time.monotonic, client: Any = None):
+                 clock: Callable[[], float] = time.monotonic, client: Any = None,
+                 layout: PageLayout | None = None):
         if not url.startswith(("redis://", "rediss://", "unix://", "valkey://")):
             raise ValueError(f"kv_store_url must be redis://HOST:PORT/DB, got {url!r}")
         if not ttl_s > 0:
@@ -74,7 +88,7 @@ class RedisTier:
             raise ValueError(f"kv_store_timeout_s must be > 0, got {timeout_s}")
         if not retry_s >= 0:
             raise ValueError(f"retry_s must be >= 0, got {retry_s}")
-        self.url, self.fingerprint = url, fingerprint
+        self.url, self.fingerprint, self.layout = url, fingerprint, layout
         self.ttl_ms = int(ttl_s * 1000)
         self.retry_s, self.clock = retry_s, clock
         self.client = client or redis.Redis.from_url(
@@ -90,6 +104,7 @@ class RedisTier:
         self.load_seconds = 0.0   # wall time of lookups and reads
         self.lock_acquired = 0
         self.lock_contended = 0
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)  # pages not stored, by reason
 
     # -- keys and health ---------------------------------------------------------------
     def key(self, page_hash: bytes) -> bytes:
@@ -104,18 +119,20 @@ class RedisTier:
         return self.clock() < self.degraded_until
 
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
-        """Run one Redis round trip; on any error mark the tier degraded and return
-        :data:`FAILED` (also at once while degraded)."""
+        """Run one Redis round trip; on any error return :data:`FAILED` (also at once while
+        degraded). An error Redis answered (out of memory, read-only) is counted; one where
+        it did not answer (connection, time budget) also marks the tier degraded."""
         if self.degraded:
             return FAILED
         t0 = time.perf_counter()
         try:
             return fn()
-        except (redis.RedisError, OSError):
+        except (redis.RedisError, OSError) as e:
             with self._lock:
                 self.errors += 1
                 self._stats.failures += 1
-            self.degraded_until = self.clock() + self.retry_s
+            if not isinstance(e, redis.ResponseError):
+                self.degraded_until = self.clock() + self.retry_s
             return FAILED
         finally:
             dt = time.perf_counter() - t0
@@ -148,40 +165,48 @@ class RedisTier:
                 n += 1
         return n
 
-    def get(self, hashes: Sequence[bytes]) -> PageGroup | None:
-        """The verified pages as one group, ``None`` on any miss or corrupt value (a
-        corrupt key is deleted and counted)."""
+    def get(self, hashes: Sequence[bytes],
+            token_ids: Sequence[Sequence[int]] | None = None) -> PageGroup | None:
+        """The leading pages of ``hashes`` that are present and verify (see
+        :meth:`.base.Tier.get`). Every value read that fails its checks is deleted (one
+        pipelined ``DEL``) and counted, not only the first, so the recomputed pages can
+        take their keys (``SET NX`` does not overwrite a value)."""
         if not hashes:
             return None
         values = self._call(self._pipelined("get", hashes), "load")
         if values is FAILED:
             return None
-        groups = []
-        for h, raw in zip(hashes, values):
+        groups: list[PageGroup] = []
+        bad: list[bytes] = []
+        for i, (h, raw) in enumerate(zip(hashes, values)):
             if raw is None:
-                with self._lock:
-                    self._stats.misses += 1
-                return None
+                continue
             try:
                 g = decode(raw, self.fingerprint)
-                if g.hashes != (h,):
-                    raise CorruptEntry("header", "value stored under another page's key")
+                want = {h: token_ids[i]} if token_ids is not None else None
+                check_pages(g, (h,), self.layout, want)
             except CorruptEntry:
-                with self._lock:
-                    self._stats.corrupt += 1
-                self._delete(h)
-                return None
-            groups.append(g)
-        self._remember(hashes)  # loaded pages publish again: no need to store them back
-        first = groups[0]
-        payload = b"".join(g.payload for g in groups)
+                bad.append(h)
+                continue
+            if len(groups) == i:  # every page before it loaded: it extends the run
+                groups.append(g)
+        if bad:
+            self._drop(bad)
+        with self._lock:
+            self._stats.corrupt += len(bad)
+            self._stats.misses += len(groups) < len(hashes)
+        if not groups:
+            return None
+        loaded = hashes[:len(groups)]
+        self._remember(loaded)  # loaded pages publish again: no need to store them back
         with self._lock:
             self._stats.loads += 1
             self._stats.hits += len(groups)
-            self._stats.load_bytes += sum(len(v) for v in values)
-        return PageGroup(first.fingerprint, tuple(hashes),
+            self._stats.load_bytes += sum(len(v) for v in values[:len(groups)])
+        first = groups[0]
+        return PageGroup(first.fingerprint, tuple(loaded),
                          tuple(g.token_ids[0] for g in groups), first.dtype, first.page_shape,
-                         payload)
+                         b"".join(g.payload for g in groups))
 
     def _pipelined(self, command: str, hashes: Sequence[bytes]) -> Callable[[], list]:
         """One round trip running ``command`` (``exists``, ``get``) on each page's key."""
@@ -192,13 +217,20 @@ class RedisTier:
             return pipe.execute()
         return run
 
-    def _delete(self, page_hash: bytes) -> None:
-        key = self.key(page_hash)
-        self._call(lambda: self.client.delete(key), "load")
+    def _drop(self, hashes: Sequence[bytes]) -> None:
+        """Delete the keys of ``hashes`` (values that failed their checks) and forget
+        that they were stored, so the pages are stored again when recomputed."""
+        with self._lock:
+            for h in hashes:
+                self._known.pop(h, None)
+        self._call(self._pipelined("delete", hashes), "load")
 
     def put(self, group: PageGroup) -> bool:
-        """``SET NX EX`` every page of ``group`` (one pipeline); ``False`` when Redis
-        failed or the tier is degraded (counted, invisible)."""
+        """``SET NX PX`` every page of ``group`` (one pipeline); ``True`` when every page
+        is now in Redis. A page not stored is counted in :attr:`dropped` by reason:
+        ``"refused"`` (Redis answered the ``SET`` with an error: out of memory under
+        ``noeviction``, a read-only replica), ``"unavailable"`` (Redis did not answer, or
+        the tier is degraded)."""
         values = [encode(group.select([h])) for h in group.hashes]
         ttl_ms = self.ttl_ms
 
@@ -206,21 +238,26 @@ class RedisTier:
             pipe = self.client.pipeline(transaction=False)
             for h, v in zip(group.hashes, values):
                 pipe.set(self.key(h), v, nx=True, px=ttl_ms)
-            return pipe.execute()
+            return pipe.execute(raise_on_error=False)
 
         done = self._call(store, "store")
         if done is FAILED:
             with self._lock:
                 self._stats.rejected += 1
+                self.dropped["unavailable"] += group.num_pages
             return False
-        self._remember(group.hashes)
+        refused = [isinstance(r, Exception) for r in done]
+        self._remember([h for h, no in zip(group.hashes, refused) if not no])
         with self._lock:
-            stored = sum(1 for ok in done if ok)
-            self._stats.stores += 1
+            stored = sum(1 for r in done if r is True)
+            self._stats.stores += not all(refused)
             self._stats.pages += stored
-            self._stats.skipped += len(done) - stored
-            self._stats.store_bytes += sum(len(v) for v, ok in zip(values, done) if ok)
-        return True
+            self._stats.skipped += sum(1 for r in done if r is None)
+            self._stats.store_bytes += sum(len(v) for v, r in zip(values, done) if r is True)
+            if any(refused):
+                self._stats.failures += 1
+                self.dropped["refused"] += sum(refused)
+        return not any(refused)
 
     def contains(self, page_hash: bytes) -> bool:
         """Whether this process stored (or loaded) the page recently; no network call."""
@@ -259,7 +296,8 @@ class RedisTier:
         with self._lock:
             return {"errors": self.errors, "degraded": float(self.degraded),
                     "store_seconds": self.store_seconds, "load_seconds": self.load_seconds,
-                    "lock_acquired": self.lock_acquired, "lock_contended": self.lock_contended}
+                    "lock_acquired": self.lock_acquired, "lock_contended": self.lock_contended,
+                    **{f"store_dropped_{r}": n for r, n in self.dropped.items()}}
 
     def close(self) -> None:
         try:

@@ -29,9 +29,11 @@ class StoreQueue:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.tiers = list(tiers)
-        self.dropped = 0
+        self.dropped = 0        # groups dropped because the queue was full
+        self.dropped_pages = 0  # ... and their pages
         self.submitted = 0
-        self.errors = 0
+        self.errors = 0         # puts that raised (a tier bug)
+        self.error_pages = 0    # ... and their pages
         self._q: queue.Queue[PageGroup | None] = queue.Queue(maxsize=max_pending)
         self._worker = threading.Thread(target=self._run, name="kv-tier-store", daemon=True)
         self._worker.start()
@@ -43,6 +45,7 @@ class StoreQueue:
             self._q.put_nowait(group)
         except queue.Full:
             self.dropped += 1
+            self.dropped_pages += group.num_pages
             return False
         self.submitted += 1
         return True
@@ -58,6 +61,7 @@ class StoreQueue:
                         t.put(g)
                     except Exception:  # a tier bug must not kill the worker
                         self.errors += 1
+                        self.error_pages += g.num_pages
             finally:
                 self._q.task_done()
 
