@@ -2,13 +2,15 @@
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed, streamed
 through), ``GET /v1/models``, ``GET /health`` (503 when no replica is healthy),
-``GET /metrics`` (Prometheus, :mod:`.metrics`).
+``GET /metrics`` (Prometheus, :mod:`.metrics`). ``model`` is one of the replicas' served
+names (or their ``--model``), as they report them (:mod:`.replica_info`).
 
 A request is authenticated with the same key file as the replicas (401 otherwise), parsed
 and tokenized with the server's own preparer (the same 400s naming the field), hashed
 into the engines' page hashes (:mod:`.prompt_keys`), routed (:mod:`.replicas`,
 :mod:`.policy`) and forwarded (:mod:`.proxy`). Replicas are health-checked every
-``health_interval_s`` on ``GET /health``.
+``health_interval_s`` on ``GET /health``; one that did not answer ``GET /v1/cache/info``
+at start is asked again with each health check and takes requests once its answer agrees.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from starlette.responses import JSONResponse, Response
 from prefixcache.router.metrics import RouterMetrics
 from prefixcache.router.prompt_keys import PromptKeys
 from prefixcache.router.proxy import FORWARDED_HEADERS, Proxy
+from prefixcache.router.replica_info import PATH as INFO_PATH
+from prefixcache.router.replica_info import ReplicaInfo, headers_for, mismatch
 from prefixcache.router.replicas import ReplicaSet, Routed
 from prefixcache.server.auth import Authenticator
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
@@ -49,25 +53,38 @@ class RouterSettings:
 
     Attributes:
         model_names: names accepted as ``model`` and listed by ``/v1/models`` (the first
-            is reported; repeats are dropped, first occurrence kept).
+            is reported; repeats are dropped, first occurrence kept): the replicas'.
+        model_root: the replicas' ``--model``, accepted as ``model`` too, not listed.
         tokenizer: the replicas' tokenizer (chat template included).
         keys: the replicas' page hashing (:class:`PromptKeys`).
         auth: the replicas' API keys (default: single tenant).
         max_body_bytes: largest request body (413 beyond).
         health_interval_s: seconds between health checks of each replica.
         health_timeout_s: budget of one health check, seconds.
+        replica_info: what every replica must report on ``GET /v1/cache/info`` to take
+            requests (``None``: not checked).
+        info_key: the API key the router sends there (``None``: none).
     """
 
     model_names: list[str]
     tokenizer: Any
     keys: PromptKeys
+    model_root: str = ""
     auth: Authenticator = field(default_factory=Authenticator)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     health_interval_s: float = 1.0
     health_timeout_s: float = 1.0
+    replica_info: ReplicaInfo | None = None
+    info_key: str | None = None
 
     def __post_init__(self) -> None:
         self.model_names = list(dict.fromkeys(self.model_names))
+
+    @property
+    def accepted_names(self) -> list[str]:
+        """Names accepted as ``model``: the listed ones, then ``model_root``."""
+        root = [self.model_root] if self.model_root not in ("", *self.model_names) else []
+        return self.model_names + root
 
 
 @dataclass
@@ -85,7 +102,7 @@ def create_router_app(replicas: ReplicaSet, settings: RouterSettings) -> FastAPI
     """The router app; health checks, event subscribers and the HTTP client start and
     stop with its lifespan."""
     metrics = RouterMetrics(replicas)
-    preparer = RequestPreparer(tokenizer=settings.tokenizer, model_names=settings.model_names,
+    preparer = RequestPreparer(tokenizer=settings.tokenizer, model_names=settings.accepted_names,
                                validate=lambda ids, params: None)  # the replica validates
     router = _Router(settings, replicas, metrics, preparer,
                      ThreadPoolExecutor(1, thread_name_prefix="prefixcache-router-parse"))
@@ -129,11 +146,39 @@ async def _check_all(router: _Router) -> None:
         try:
             ok = (await client.get(url + "/health", timeout=s.health_timeout_s)
                   ).status_code == 200
+            if ok and not router.replicas.verified[i]:
+                await _verify(router, i, url)
         except httpx.HTTPError:
             ok = False
         router.replicas.set_health(i, ok)
 
     await asyncio.gather(*(one(i, spec.url) for i, spec in enumerate(router.replicas.specs)))
+
+
+async def _verify(router: _Router, i: int, url: str) -> None:
+    """Admit replica ``i`` once its ``GET /v1/cache/info`` agrees with the others'."""
+    want = router.settings.replica_info
+    if want is None:
+        router.replicas.set_verified(i, True)
+        return
+    assert router.client is not None
+    resp = await router.client.get(url + INFO_PATH, headers=headers_for(router.settings.info_key),
+                                   timeout=router.settings.health_timeout_s)
+    try:
+        got = ReplicaInfo.from_json(url, resp.json()) if resp.status_code == 200 else None
+    except ValueError as exc:
+        log.error("%s; replica %d takes no request", exc, i)
+        return
+    if got is None:
+        return
+    name = mismatch(want, got)
+    if name is None:
+        log.info("replica %d (%s) answered GET %s and agrees: it takes requests", i, url,
+                 INFO_PATH)
+        router.replicas.set_verified(i, True)
+    else:
+        log.error("replica %d (%s) disagrees on %s: %r, the others have %r; it takes no "
+                  "request", i, url, name, got.field(name), want.field(name))
 
 
 async def _health_loop(router: _Router) -> None:
