@@ -10,7 +10,9 @@ and tokenized with the server's own preparer (the same 400s naming the field), h
 into the engines' page hashes (:mod:`.prompt_keys`), routed (:mod:`.replicas`,
 :mod:`.policy`) and forwarded (:mod:`.proxy`). Replicas are health-checked every
 ``health_interval_s`` on ``GET /health``; one that did not answer ``GET /v1/cache/info``
-at start is asked again with each health check and takes requests once its answer agrees.
+at start is asked again with each health check and takes requests once its answer agrees;
+one that comes back after a failed check, or whose KV events show a restart, is asked
+again (and shut out if the new process serves another model or page size).
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.requests import RequestPreparer
 
 log = logging.getLogger(__name__)
+
+RECHECK_S = 0.2  # how often the restart counts of the event streams are looked at
 
 
 @dataclass
@@ -96,6 +100,7 @@ class _Router:
     parse_pool: ThreadPoolExecutor
     proxy: Proxy | None = None
     client: httpx.AsyncClient | None = None
+    refused: dict[int, str] = field(default_factory=dict)  # why a replica is shut out
 
 
 def create_router_app(replicas: ReplicaSet, settings: RouterSettings) -> FastAPI:
@@ -125,13 +130,15 @@ async def _lifespan(app: FastAPI):
     router.proxy = Proxy(router.replicas, router.metrics, router.client)
     router.replicas.start_events()
     await _check_all(router)
-    task = asyncio.create_task(_health_loop(router))
+    tasks = [asyncio.create_task(_health_loop(router)),
+             asyncio.create_task(_recheck_loop(router))]
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await router.client.aclose()
         router.replicas.stop_events()
         router.parse_pool.shutdown(wait=False)
@@ -146,7 +153,8 @@ async def _check_all(router: _Router) -> None:
         try:
             ok = (await client.get(url + "/health", timeout=s.health_timeout_s)
                   ).status_code == 200
-            if ok and not router.replicas.verified[i]:
+            rs = router.replicas
+            if ok and not (rs.verified[i] and rs.loads[i].healthy):  # new, or back
                 await _verify(router, i, url)
         except httpx.HTTPError:
             ok = False
@@ -155,30 +163,59 @@ async def _check_all(router: _Router) -> None:
     await asyncio.gather(*(one(i, spec.url) for i, spec in enumerate(router.replicas.specs)))
 
 
-async def _verify(router: _Router, i: int, url: str) -> None:
-    """Admit replica ``i`` once its ``GET /v1/cache/info`` agrees with the others'."""
+async def _verify(router: _Router, i: int, url: str) -> bool:
+    """Ask replica ``i`` for its ``GET /v1/cache/info`` and admit it if the answer agrees
+    with the others', shut it out if not. ``False`` when it gave no answer (ask again).
+
+    Raises:
+        httpx.HTTPError: it cannot be reached.
+    """
     want = router.settings.replica_info
     if want is None:
         router.replicas.set_verified(i, True)
-        return
+        return True
     assert router.client is not None
     resp = await router.client.get(url + INFO_PATH, headers=headers_for(router.settings.info_key),
                                    timeout=router.settings.health_timeout_s)
+    if resp.status_code >= 500:
+        return False
     try:
-        got = ReplicaInfo.from_json(url, resp.json()) if resp.status_code == 200 else None
+        if resp.status_code != 200:
+            raise ValueError(f"replica {url}: GET {INFO_PATH} answered {resp.status_code}")
+        got = ReplicaInfo.from_json(url, resp.json())
     except ValueError as exc:
-        log.error("%s; replica %d takes no request", exc, i)
-        return
-    if got is None:
-        return
-    name = mismatch(want, got)
-    if name is None:
-        log.info("replica %d (%s) answered GET %s and agrees: it takes requests", i, url,
-                 INFO_PATH)
-        router.replicas.set_verified(i, True)
+        why = str(exc)
     else:
-        log.error("replica %d (%s) disagrees on %s: %r, the others have %r; it takes no "
-                  "request", i, url, name, got.field(name), want.field(name))
+        name = mismatch(want, got)
+        if name is None:
+            if not router.replicas.verified[i]:
+                log.info("replica %d (%s) answered GET %s and agrees: it takes requests",
+                         i, url, INFO_PATH)
+            router.replicas.set_verified(i, True)
+            return True
+        why = (f"replica {url} disagrees on {name}: {got.field(name)!r}, the others have "
+               f"{want.field(name)!r}")
+    if router.replicas.verified[i] or why != router.refused.get(i):
+        log.error("%s; replica %d takes no request", why, i)
+    router.refused[i] = why
+    router.replicas.set_verified(i, False)
+    return True
+
+
+async def _recheck_loop(router: _Router) -> None:
+    """A replica whose KV events show a new incarnation is asked again what it serves:
+    the restarted process may load another model or page size."""
+    rs = router.replicas
+    seen = [0] * len(rs.specs)
+    while True:
+        await asyncio.sleep(RECHECK_S)
+        for i, spec in enumerate(rs.specs):
+            sub = rs.subscribers[i]
+            restarts = sub.stream.restarts if sub is not None else 0
+            if restarts != seen[i]:
+                with contextlib.suppress(httpx.HTTPError):
+                    if await _verify(router, i, spec.url):
+                        seen[i] = restarts
 
 
 async def _health_loop(router: _Router) -> None:

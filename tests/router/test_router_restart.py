@@ -1,6 +1,7 @@
 """A replica killed with SIGKILL and restarted on the same ports: the router drops its
 index entries as soon as the new process's KV events arrive (before any request and
-with health checks too rare to notice), and counts the restart."""
+with health checks too rare to notice), counts the restart, and asks the new process
+what it serves (one that serves another model name is shut out)."""
 from __future__ import annotations
 
 import os
@@ -82,6 +83,18 @@ def test_a_replica_restarted_on_the_same_ports_loses_its_index_entries_at_once(
         for name in ("router_predicted_hit_tokens_total", "router_reported_cached_tokens_total"):
             assert labelled(after, name, replica="0") == labelled(before, name, replica="0")
         assert labelled(after, "router_kv_event_restarts_total", replica="0") == 1
+        # restarted under another name: asked again at once, and shut out
+        os.killpg(replica.proc.pid, signal.SIGKILL)
+        replica.proc.wait(10)
+        replica.stop()
+        replica = LiveServer([*args, "--served-model-name", "renamed"],
+                             tmp_path / "third.log", port=port)
+        replica.wait_ready()
+        _wait(lambda: not rs.verified[0], "the renamed replica was not shut out")
+        assert rs.subscribers[0].stream.restarts == 2 and not rs.loads[0].healthy
+        r = httpx.post(router.base + "/v1/completions", headers=ALICE, timeout=60,
+                       json={"model": "builtin:tiny", "prompt": prompt, "max_tokens": 1})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
     finally:
         if router is not None:
             router.stop()
