@@ -38,6 +38,14 @@ def blake2b_128(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
 
 
+def seed_digest(root_seed: bytes | str) -> str:
+    """32 hex digits of BLAKE2b-128 over the framed ``root_seed``: two processes compare
+    these to know they hash pages under the same seed without either revealing it (a
+    seed meant to stay secret should be random: a short word can be guessed from this)."""
+    raw = root_seed.encode() if isinstance(root_seed, str) else bytes(root_seed)
+    return blake2b_128(encode_parts("prefixcache-seed-check", raw)).hex()
+
+
 def encode_parts(*parts: object) -> bytes:
     """Typed, length-prefixed encoding of key parts.
 

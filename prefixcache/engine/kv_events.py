@@ -19,8 +19,19 @@ built for vLLM (llm-d, Dynamo) consume ours:
 Gaps and restarts are detectable: sequence numbers are assigned when a batch is queued
 (a batch dropped because the queue is full leaves a hole), and the topic is
 ``kv@<incarnation>@<model>`` with a fresh random incarnation per process, whose first
-batch is ``AllBlocksCleared``. Sending runs on one daemon thread that owns the sockets;
-the engine thread only queues (never blocks).
+batch is ``AllBlocksCleared``.
+
+A new incarnation is announced to every subscriber, not only to those that happened to be
+connected when it started (a PUB socket drops what is sent before a subscriber joins, and
+a subscriber reconnects to a restarted replica only after its first batch went out): the
+socket is an XPUB (the same wire protocol as PUB, so vLLM's consumers read it unchanged)
+that sees each subscription as it arrives, and answers it by sending the last batch sent
+again, with its own sequence number. A subscriber that knows this incarnation ignores it
+as a duplicate; one that does not learns the new topic, drops what it held of the
+replica, and fetches the batches before it from the replay socket.
+
+Sending runs on one daemon thread that owns the sockets; the engine thread only queues
+(never blocks).
 """
 from __future__ import annotations
 
@@ -94,11 +105,13 @@ class KVEventPublisher:
         self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
         self.published = 0
         self.dropped = 0
+        self.announced = 0  # batches sent again to a subscriber that joined
+        self._last: tuple[int, bytes] | None = None
         self._seq = 0
         self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(max_queue)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._ctx: zmq.Context = zmq.Context.instance()
-        self._pub = self._bind(zmq.PUB, endpoint)
+        self._pub = self._bind(zmq.XPUB, endpoint, verbose=True)
         self._replay = None if replay_endpoint is None else self._bind(zmq.ROUTER,
                                                                       replay_endpoint)
         self._thread = threading.Thread(target=self._run, name="prefixcache-kv-events",
@@ -106,9 +119,11 @@ class KVEventPublisher:
         self._thread.start()
         self.publish([AllPagesCleared()])  # a new incarnation knows nothing
 
-    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+    def _bind(self, kind: int, endpoint: str, verbose: bool = False) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        if verbose:  # every subscription reaches us, not only the first of a topic
+            sock.setsockopt(zmq.XPUB_VERBOSE, 1)
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -142,6 +157,8 @@ class KVEventPublisher:
             while True:
                 if self._replay is not None and self._replay.poll(0):
                     self._serve_replay()
+                if self._pub.poll(0):
+                    self._announce()
                 try:
                     item = self._queue.get(timeout=0.02)
                 except queue.Empty:
@@ -149,7 +166,7 @@ class KVEventPublisher:
                 if item is None:
                     break
                 seq, payload = item
-                self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+                self._send(item)
                 self._buffer.append(item)
                 self.published += 1
         except Exception:  # the engine keeps serving without events
@@ -158,6 +175,26 @@ class KVEventPublisher:
             self._pub.close()
             if self._replay is not None:
                 self._replay.close()
+
+    def _send(self, item: tuple[int, bytes]) -> None:
+        seq, payload = item
+        self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+        self._last = item
+
+    def _announce(self) -> None:
+        """A subscription arrived (first byte 1; 0 is a leaving subscriber): send the
+        last batch again, so the new subscriber learns this incarnation and where its
+        sequence stands now, not at this replica's next cache change."""
+        joined = any(frame[:1] == b"\x01" for frame in self._drain_subscriptions())
+        if joined and self._last is not None:
+            self._send(self._last)
+            self.announced += 1
+
+    def _drain_subscriptions(self) -> list[bytes]:
+        frames = []
+        while self._pub.poll(0):
+            frames.append(self._pub.recv())
+        return frames
 
     def _serve_replay(self) -> None:
         assert self._replay is not None

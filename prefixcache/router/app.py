@@ -2,13 +2,17 @@
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed, streamed
 through), ``GET /v1/models``, ``GET /health`` (503 when no replica is healthy),
-``GET /metrics`` (Prometheus, :mod:`.metrics`).
+``GET /metrics`` (Prometheus, :mod:`.metrics`). ``model`` is one of the replicas' served
+names (or their ``--model``), as they report them (:mod:`.replica_info`).
 
 A request is authenticated with the same key file as the replicas (401 otherwise), parsed
 and tokenized with the server's own preparer (the same 400s naming the field), hashed
 into the engines' page hashes (:mod:`.prompt_keys`), routed (:mod:`.replicas`,
 :mod:`.policy`) and forwarded (:mod:`.proxy`). Replicas are health-checked every
-``health_interval_s`` on ``GET /health``.
+``health_interval_s`` on ``GET /health``; one that did not answer ``GET /v1/cache/info``
+at start is asked again with each health check and takes requests once its answer agrees;
+one that comes back after a failed check, or whose KV events show a restart, is asked
+again (and shut out if the new process serves another model or page size).
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ from starlette.responses import JSONResponse, Response
 from prefixcache.router.metrics import RouterMetrics
 from prefixcache.router.prompt_keys import PromptKeys
 from prefixcache.router.proxy import FORWARDED_HEADERS, Proxy
+from prefixcache.router.replica_info import PATH as INFO_PATH
+from prefixcache.router.replica_info import ReplicaInfo, headers_for, mismatch
 from prefixcache.router.replicas import ReplicaSet, Routed
 from prefixcache.server.auth import Authenticator
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
@@ -42,6 +48,8 @@ from prefixcache.server.requests import RequestPreparer
 
 log = logging.getLogger(__name__)
 
+RECHECK_S = 0.2  # how often the restart counts of the event streams are looked at
+
 
 @dataclass
 class RouterSettings:
@@ -49,25 +57,38 @@ class RouterSettings:
 
     Attributes:
         model_names: names accepted as ``model`` and listed by ``/v1/models`` (the first
-            is reported; repeats are dropped, first occurrence kept).
+            is reported; repeats are dropped, first occurrence kept): the replicas'.
+        model_root: the replicas' ``--model``, accepted as ``model`` too, not listed.
         tokenizer: the replicas' tokenizer (chat template included).
         keys: the replicas' page hashing (:class:`PromptKeys`).
         auth: the replicas' API keys (default: single tenant).
         max_body_bytes: largest request body (413 beyond).
         health_interval_s: seconds between health checks of each replica.
         health_timeout_s: budget of one health check, seconds.
+        replica_info: what every replica must report on ``GET /v1/cache/info`` to take
+            requests (``None``: not checked).
+        info_key: the API key the router sends there (``None``: none).
     """
 
     model_names: list[str]
     tokenizer: Any
     keys: PromptKeys
+    model_root: str = ""
     auth: Authenticator = field(default_factory=Authenticator)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     health_interval_s: float = 1.0
     health_timeout_s: float = 1.0
+    replica_info: ReplicaInfo | None = None
+    info_key: str | None = None
 
     def __post_init__(self) -> None:
         self.model_names = list(dict.fromkeys(self.model_names))
+
+    @property
+    def accepted_names(self) -> list[str]:
+        """Names accepted as ``model``: the listed ones, then ``model_root``."""
+        root = [self.model_root] if self.model_root not in ("", *self.model_names) else []
+        return self.model_names + root
 
 
 @dataclass
@@ -79,13 +100,14 @@ class _Router:
     parse_pool: ThreadPoolExecutor
     proxy: Proxy | None = None
     client: httpx.AsyncClient | None = None
+    refused: dict[int, str] = field(default_factory=dict)  # why a replica is shut out
 
 
 def create_router_app(replicas: ReplicaSet, settings: RouterSettings) -> FastAPI:
     """The router app; health checks, event subscribers and the HTTP client start and
     stop with its lifespan."""
     metrics = RouterMetrics(replicas)
-    preparer = RequestPreparer(tokenizer=settings.tokenizer, model_names=settings.model_names,
+    preparer = RequestPreparer(tokenizer=settings.tokenizer, model_names=settings.accepted_names,
                                validate=lambda ids, params: None)  # the replica validates
     router = _Router(settings, replicas, metrics, preparer,
                      ThreadPoolExecutor(1, thread_name_prefix="prefixcache-router-parse"))
@@ -108,13 +130,15 @@ async def _lifespan(app: FastAPI):
     router.proxy = Proxy(router.replicas, router.metrics, router.client)
     router.replicas.start_events()
     await _check_all(router)
-    task = asyncio.create_task(_health_loop(router))
+    tasks = [asyncio.create_task(_health_loop(router)),
+             asyncio.create_task(_recheck_loop(router))]
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await router.client.aclose()
         router.replicas.stop_events()
         router.parse_pool.shutdown(wait=False)
@@ -129,11 +153,69 @@ async def _check_all(router: _Router) -> None:
         try:
             ok = (await client.get(url + "/health", timeout=s.health_timeout_s)
                   ).status_code == 200
+            rs = router.replicas
+            if ok and not (rs.verified[i] and rs.loads[i].healthy):  # new, or back
+                await _verify(router, i, url)
         except httpx.HTTPError:
             ok = False
         router.replicas.set_health(i, ok)
 
     await asyncio.gather(*(one(i, spec.url) for i, spec in enumerate(router.replicas.specs)))
+
+
+async def _verify(router: _Router, i: int, url: str) -> bool:
+    """Ask replica ``i`` for its ``GET /v1/cache/info`` and admit it if the answer agrees
+    with the others', shut it out if not. ``False`` when it gave no answer (ask again).
+
+    Raises:
+        httpx.HTTPError: it cannot be reached.
+    """
+    want = router.settings.replica_info
+    if want is None:
+        router.replicas.set_verified(i, True)
+        return True
+    assert router.client is not None
+    resp = await router.client.get(url + INFO_PATH, headers=headers_for(router.settings.info_key),
+                                   timeout=router.settings.health_timeout_s)
+    if resp.status_code >= 500:
+        return False
+    try:
+        if resp.status_code != 200:
+            raise ValueError(f"replica {url}: GET {INFO_PATH} answered {resp.status_code}")
+        got = ReplicaInfo.from_json(url, resp.json())
+    except ValueError as exc:
+        why = str(exc)
+    else:
+        name = mismatch(want, got)
+        if name is None:
+            if not router.replicas.verified[i]:
+                log.info("replica %d (%s) answered GET %s and agrees: it takes requests",
+                         i, url, INFO_PATH)
+            router.replicas.set_verified(i, True)
+            return True
+        why = (f"replica {url} disagrees on {name}: {got.field(name)!r}, the others have "
+               f"{want.field(name)!r}")
+    if router.replicas.verified[i] or why != router.refused.get(i):
+        log.error("%s; replica %d takes no request", why, i)
+    router.refused[i] = why
+    router.replicas.set_verified(i, False)
+    return True
+
+
+async def _recheck_loop(router: _Router) -> None:
+    """A replica whose KV events show a new incarnation is asked again what it serves:
+    the restarted process may load another model or page size."""
+    rs = router.replicas
+    seen = [0] * len(rs.specs)
+    while True:
+        await asyncio.sleep(RECHECK_S)
+        for i, spec in enumerate(rs.specs):
+            sub = rs.subscribers[i]
+            restarts = sub.stream.restarts if sub is not None else 0
+            if restarts != seen[i]:
+                with contextlib.suppress(httpx.HTTPError):
+                    if await _verify(router, i, spec.url):
+                        seen[i] = restarts
 
 
 async def _health_loop(router: _Router) -> None:

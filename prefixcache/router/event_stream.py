@@ -7,11 +7,17 @@
 ==========================================  ==============================================
 message                                     outcome
 ==========================================  ==============================================
-new incarnation in the topic                ``clear`` (the replica restarted), then apply
+new incarnation in the topic                ``clear`` (the replica restarted), fetch the
+                                            batches before it from the replay socket,
+                                            then apply
+the sequence went back, on a topic without  the same (a publisher that names no
+an incarnation (``seq <= last``)            incarnation, as vLLM's, restarted)
 sequence number ``last + 1``                apply
 a gap (``seq > last + 1``)                  ask the replay socket for ``last + 1 ..``; if
                                             it cannot fill the gap: ``clear``, then apply
-an old sequence number (duplicate)          ignored
+an old sequence number, same incarnation    ignored (a duplicate: prefixcache's publisher
+                                            sends its last batch again to a subscriber
+                                            that joins, see ``engine/kv_events.py``)
 ``AllBlocksCleared``                        ``clear``
 ==========================================  ==============================================
 
@@ -87,8 +93,13 @@ def decode_batch(payload: bytes) -> Batch:
 def incarnation_of(topic: bytes) -> str:
     """The incarnation part of a ``kv@<incarnation>@<model>`` topic (else the topic)."""
     text = topic.decode("utf-8", "replace")
-    parts = text.split("@")
-    return parts[1] if len(parts) >= 3 and parts[0] == "kv" else text
+    return text.split("@")[1] if names_incarnation(topic) else text
+
+
+def names_incarnation(topic: bytes) -> bool:
+    """Whether ``topic`` is ``kv@<incarnation>@<model>`` (prefixcache's publisher)."""
+    parts = topic.decode("utf-8", "replace").split("@")
+    return len(parts) >= 3 and parts[0] == "kv"
 
 
 Apply = Callable[[str, list[bytes]], None]  # (kind, hashes)
@@ -116,7 +127,9 @@ class EventStream:
 
     def on_message(self, topic: bytes, seq: int, payload: bytes) -> None:
         inc = incarnation_of(topic)
-        if inc != self.incarnation:
+        went_back = (not names_incarnation(topic) and self.last_seq is not None
+                     and seq <= self.last_seq)
+        if inc != self.incarnation or went_back:
             if self.incarnation is not None:
                 self.restarts += 1
             self.incarnation, self.last_seq = inc, None

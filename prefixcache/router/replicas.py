@@ -50,6 +50,7 @@ class ReplicaSet:
         if not self.specs:
             raise ValueError("--replica: at least one replica is needed")
         self.loads = [ReplicaLoad() for _ in self.specs]
+        self.verified = [True] * len(self.specs)  # its GET /v1/cache/info agrees
         self.lock = threading.Lock()
         self.subscribers: list[EventSubscriber | None] = [None] * len(self.specs)
 
@@ -85,12 +86,22 @@ class ReplicaSet:
 
     # -- health ------------------------------------------------------------------------
     def set_health(self, replica: int, healthy: bool) -> None:
-        """Record a health check; a replica that goes down has its entries dropped."""
+        """Record a health check; a replica that goes down has its entries dropped. One
+        not verified (:meth:`set_verified`) stays down."""
         with self.lock:
+            healthy = healthy and self.verified[replica]
             was = self.loads[replica].healthy
             self.loads[replica].healthy = healthy
             if was and not healthy:
                 self.index.clear(replica)
+
+    def set_verified(self, replica: int, verified: bool) -> None:
+        """Whether the replica reported the model and page keys of the others; one that
+        did not takes no request."""
+        with self.lock:
+            self.verified[replica] = verified
+        if not verified:
+            self.set_health(replica, False)
 
     def shed(self, replica: int, seconds: float) -> None:
         """The replica refused a request (429/503): no new traffic for ``seconds``."""

@@ -5,7 +5,8 @@ Routes:
     ``POST /v1/messages`` (Anthropic Messages, see :mod:`.messages`), ``GET /v1/models``,
     ``GET /health``, ``GET /metrics`` (Prometheus), ``POST /reset_prefix_cache`` (admin),
     ``GET /v1/cache/pins`` and ``DELETE /v1/cache/pins/{prefix_hash}`` (the caller's pins,
-    :mod:`.pins_routes`).
+    :mod:`.pins_routes`), ``GET /v1/cache/info`` (served names, model fingerprint, block
+    size, KV dtype, hash seed: :mod:`.cache_info`).
 
 Routes and exception handlers are module-level functions; what they share is
 ``request.app.state.server``, built once by :func:`create_app`.
@@ -40,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from prefixcache.server.async_engine import AsyncEngine
 from prefixcache.server.auth import Authenticator, Principal
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
+from prefixcache.server.cache_info import ROUTES as INFO_ROUTES
 from prefixcache.server.crosssite import HostGuard, check_origin, require_json
 from prefixcache.server.drain import DEFAULT_GRACE_S, Drain
 from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
@@ -304,4 +306,4 @@ _ROUTES = (("GET", "/health", health), ("GET", "/v1/models", models),
            ("POST", "/v1/chat/completions", chat_completions),
            ("POST", "/v1/messages", messages),
            ("GET", "/metrics", prometheus_metrics),
-           ("POST", "/reset_prefix_cache", reset_prefix_cache)) + PIN_ROUTES
+           ("POST", "/reset_prefix_cache", reset_prefix_cache)) + PIN_ROUTES + INFO_ROUTES

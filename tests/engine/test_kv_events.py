@@ -72,8 +72,11 @@ def test_engine_publishes_vllm_schema_with_our_page_hashes():
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(ep)
-    time.sleep(0.3)  # PUB/SUB: a subscriber sees only what is sent after it joined
     try:
+        # joining is answered with the last batch sent: the incarnation's clear, seq 0
+        hello = _recv_all(sub, lambda g: len(g) == 1)
+        assert hello[0][0] == f"kv@{llm.engine.kv_events.incarnation}@builtin:tiny".encode()
+        assert hello[0][1] == 0 and decode_batch(hello[0][2]).events == [("cleared", [])]
         ids = list(range(5, 5 + 3 * BS + 3))
         llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))
         got = _recv_all(sub, lambda g: any(b"BlockStored" in p for _, _, p in g))
@@ -115,6 +118,13 @@ def test_engine_publishes_vllm_schema_with_our_page_hashes():
         llm.engine.close()
 
 
+def _wait(cond, what: str, timeout: float = 20.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, what
+        time.sleep(0.02)
+
+
 def test_subscriber_detects_restart_and_fills_gaps_from_replay():
     ep, rep = f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}"
     applied: list[tuple[str, int]] = []
@@ -122,34 +132,38 @@ def test_subscriber_detects_restart_and_fills_gaps_from_replay():
               kv_events_replay_endpoint=rep)
     sub = EventSubscriber(ep, rep, lambda kind, hs: applied.append((kind, len(hs))))
     sub.start()
-    sub.ready.wait(5)
-    time.sleep(0.3)
     try:
+        _wait(lambda: sub.stream.last_seq == 0, "the joining subscriber got no batch")
         for k in range(3):
             ids = list(range(100 * k + 1, 100 * k + 1 + 2 * BS + 1))
             llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))
-        t0 = time.monotonic()
-        while sum(n for kind, n in applied if kind == "stored") < 6:
-            assert time.monotonic() - t0 < 10, applied
-            time.sleep(0.05)
-        # The subscriber joined after seq 0 (the incarnation's clear): it replayed it.
-        assert applied[0] == ("cleared", 0)
+        _wait(lambda: sum(n for kind, n in applied if kind == "stored") == 6, str(applied))
+        assert applied[0] == ("cleared", 0)  # the incarnation's clear, seq 0
         assert sub.stream.unfilled == 0 and sub.stream.restarts == 0
-        first = sub.stream.incarnation
+        first, last = sub.stream.incarnation, sub.stream.last_seq
+        assert last is not None and last >= 3
+        # a second subscriber joining makes the publisher send its last batch again:
+        # the first one ignores it as a duplicate
+        announced = llm.engine.kv_events.announced
+        other = EventSubscriber(ep, rep, lambda kind, hs: None)
+        other.start()
+        _wait(lambda: other.stream.last_seq == last, "the second subscriber got no batch")
+        other.close()
+        assert llm.engine.kv_events.announced == announced + 1
+        assert sub.stream.restarts == 0 and sub.stream.last_seq == last
         llm.engine.close()
+        applied.clear()
         llm = LLM("builtin:tiny", num_pages=64, kv_events_endpoint=ep,
                   kv_events_replay_endpoint=rep)
-        time.sleep(0.5)  # the SUB socket reconnects; the new incarnation's seq 0 is missed
-        applied.clear()
+        # no request: the new incarnation is known as soon as the SUB socket reconnects
+        _wait(lambda: sub.stream.restarts == 1, "the restart was not seen")
+        assert sub.stream.incarnation == llm.engine.kv_events.incarnation != first
+        assert applied == [("cleared", 0), ("cleared", 0)]  # dropped, then its seq 0
+        assert sub.stream.last_seq == 0 and sub.stream.unfilled == 0
         llm.generate([{"prompt_token_ids": list(range(1, 2 * BS + 2))}],
                      SamplingParams(max_tokens=1))
-        t0 = time.monotonic()
-        while ("stored", 2) not in applied:
-            assert time.monotonic() - t0 < 10, applied
-            time.sleep(0.05)
-        assert sub.stream.restarts == 1 and sub.stream.incarnation != first
-        assert applied[0] == ("cleared", 0)  # everything of the old incarnation dropped
-        assert sub.stream.last_seq == 1 and sub.stream.unfilled == 0
+        _wait(lambda: ("stored", 2) in applied, str(applied))
+        assert sub.stream.restarts == 1 and sub.stream.last_seq == 1
     finally:
         sub.close()
         llm.engine.close()

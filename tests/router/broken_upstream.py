@@ -1,7 +1,8 @@
 """A fake replica that breaks its answers: for the router's mid-answer failure tests.
 
 ``GET /health`` answers 200 until the first answer was broken, 503 after (as a replica
-that died). ``POST`` answers with ``events`` complete SSE events and half of another
+that died); ``GET /v1/cache/info`` answers ``info`` (a real replica's, so the router
+admits it). ``POST`` answers with ``events`` complete SSE events and half of another
 (a chunked body), or with the first half of a JSON body, then closes the connection
 without ending the body: the client sees an incomplete read, as when the replica is
 killed mid-answer.
@@ -21,10 +22,12 @@ class BrokenUpstream:
 
     Args:
         events: complete SSE events sent before the break.
+        info: the ``GET /v1/cache/info`` answer.
     """
 
-    def __init__(self, events: int = 3):
+    def __init__(self, events: int = 3, info: dict | None = None):
         self.events = events
+        self.info = json.dumps(info or {}).encode()
         self.broken = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.base = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -53,6 +56,11 @@ class BrokenUpstream:
                 status = b"503 Service Unavailable" if self.broken else b"200 OK"
                 conn.sendall(b"HTTP/1.1 " + status + b"\r\ncontent-length: 2\r\n"
                              b"connection: close\r\n\r\nok")
+                return
+            if head.startswith(b"GET /v1/cache/info"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                             % (len(self.info), self.info))
                 return
             self.broken += 1
             if json.loads(body).get("stream"):

@@ -20,8 +20,9 @@ class RouterThread:
     def __init__(self, argv: list[str]):
         sub = argparse.ArgumentParser().add_subparsers()
         port = free_port()
-        args = add_parser(sub).parse_args(["--port", str(port), "--model", "builtin:tiny",
-                                           "--health-interval-s", "0.2", *argv])
+        # no --model, --block-size, --dtype: the router reads them from the replicas
+        args = add_parser(sub).parse_args(["--port", str(port), "--health-interval-s", "0.2",
+                                           "--startup-timeout-s", "5", *argv])
         self.app = build_router_app(args)
         self.base = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port,

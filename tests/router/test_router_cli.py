@@ -2,8 +2,6 @@
 at parse time (never a ZeroMQ traceback at start), and the help shows the whole form."""
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from prefixcache.cli import main
@@ -62,24 +60,3 @@ def test_the_help_shows_the_replay_endpoint_too(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "--replica URL[,events=EP[,replay=EP]]" in out
-
-
-def test_the_router_hashes_like_replicas_started_with_a_hash_root_seed():
-    from prefixcache import LLM
-    from prefixcache.router.cli import add_parser, build_router_app
-    from tests.server.live import free_port
-
-    sub = argparse.ArgumentParser().add_subparsers()
-    args = add_parser(sub).parse_args(["--port", str(free_port()), "--model", "builtin:tiny",
-                                       "--hash-root-seed", "s3cret",
-                                       "--replica", "http://127.0.0.1:1"])
-    keys = build_router_app(args).state.router.settings.keys
-    ids = list(range(3, 3 + 64))
-    engine = LLM("builtin:tiny", num_pages=16, hash_root_seed="s3cret").engine
-    pt = engine.cache.new_page_table("x", ids, tenant="alice")
-    want = engine.cache.page_hashes(pt, 4)
-    engine.cache.free(pt)
-    assert keys.page_hashes(ids, "alice", None) == want
-    default = LLM("builtin:tiny", num_pages=16).engine.cache
-    pt = default.new_page_table("y", ids, tenant="alice")
-    assert default.page_hashes(pt, 4) != want  # the seed is in every hash

@@ -130,18 +130,20 @@ def test_errors_are_openai_objects(router):
 
 def test_503_when_no_replica_is_healthy_and_failover_when_one_is_down(replicas, keys_file):
     dead = f"http://127.0.0.1:{free_port()}"
-    router = RouterThread(["--api-keys", str(keys_file), "--replica", dead])
+    router = RouterThread(["--api-keys", str(keys_file), "--replica", dead,
+                           "--replica", replicas[0].base, "--health-interval-s", "600",
+                           "--startup-timeout-s", "1"])
     try:
+        # the dead one never answered GET /v1/cache/info: it takes nothing
+        assert router.replicas.verified == [False, True]
+        router.replicas.set_health(1, False)
         r = _complete(router, "hello")
         assert r.status_code == 503
         assert r.json()["error"]["code"] == "no_healthy_replica"
         assert httpx.get(router.base + "/health", timeout=5).status_code == 503
-    finally:
-        router.stop()
-    router = RouterThread(["--api-keys", str(keys_file), "--replica", dead,
-                           "--replica", replicas[0].base, "--health-interval-s", "600"])
-    try:
-        router.replicas.set_health(0, True)  # as if it died after its health check
+        router.replicas.set_verified(0, True)  # as if it had answered, then died
+        router.replicas.set_health(0, True)
+        router.replicas.set_health(1, True)
         for _ in range(2):  # ties rotate: one of the two is tried on the dead one first
             r = _complete(router, unique_prompt(10))
             assert r.status_code == 200 and r.headers["x-prefixcache-replica"] == "1"

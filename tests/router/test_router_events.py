@@ -59,3 +59,31 @@ def test_decodes_vllm_array_encoding_and_int_hashes():
                                         ("removed", [eight]), ("cleared", [])]
     with pytest.raises(ValueError, match="unknown KV event type"):
         decode_batch(msgpack.packb({"ts": 0, "events": [{"type": "Nope"}]}))
+
+
+def test_a_topic_without_incarnation_restarts_when_its_sequence_goes_back():
+    s, applied = _stream()
+    s.on_message(b"kv-events", 0, encode_batch([AllPagesCleared()], "CPU"))
+    s.on_message(b"kv-events", 1, _stored(b"a"))
+    s.on_message(b"kv-events", 2, _stored(b"b"))
+    assert s.restarts == 0
+    applied.clear()
+    # a vLLM publisher restarted: its topic is the same, its sequence starts again
+    s.on_message(b"kv-events", 0, encode_batch([AllPagesCleared()], "CPU"))
+    assert applied == [("cleared", []), ("cleared", [])] and s.restarts == 1
+    s.on_message(b"kv-events", 1, _stored(b"c"))
+    assert applied[-1] == ("stored", [b"c"]) and s.last_seq == 1 and s.restarts == 1
+
+
+def test_a_batch_sent_again_to_a_joining_subscriber_is_a_duplicate_not_a_restart():
+    s, applied = _stream()
+    s.on_message(TOPIC, 0, encode_batch([AllPagesCleared()], "CPU"))
+    s.on_message(TOPIC, 1, _stored(b"a"))
+    applied.clear()
+    s.on_message(TOPIC, 1, _stored(b"a"))  # the publisher's answer to another subscriber
+    s.on_message(TOPIC, 0, encode_batch([AllPagesCleared()], "CPU"))
+    assert applied == [] and s.restarts == 0
+    # the restarted publisher's first batch, sent again when the subscriber reconnects:
+    # the entries of the old incarnation go at once, and the restart is counted
+    s.on_message(b"kv@bbbb@m", 0, encode_batch([AllPagesCleared()], "CPU"))
+    assert applied == [("cleared", []), ("cleared", [])] and s.restarts == 1

@@ -43,10 +43,11 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """A ``prefixcache serve`` subprocess (own process group, log to a file)."""
+    """A ``prefixcache serve`` subprocess (own process group, log to a file), on ``port``
+    (default: a free one)."""
 
-    def __init__(self, args: list[str], log_path: Path):
-        self.port = free_port()
+    def __init__(self, args: list[str], log_path: Path, port: int | None = None):
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         argv = [sys.executable, "-m", "prefixcache.cli", "serve", "--model", "builtin:tiny",
