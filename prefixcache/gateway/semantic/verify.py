@@ -150,6 +150,8 @@ class LexicalVerifier:
         if renamed is None:
             return Verdict(False, "words")
         b = [renamed.get(w, w) for w in b]
+        if Counter(a) != Counter(b):  # a word twice on one side, its variants once each
+            return Verdict(False, "words")
         if _order(a, b) != _order(b, a):
             return Verdict(False, "order")
         return Verdict(True)

@@ -85,6 +85,8 @@ def test_word_variants_need_a_shared_prefix_and_close_vectors():
     assert v.check("Is it a weekday?", "Is it a weekend?").reason == "words"  # 4 of 7
     assert v.check("Is it heated?", "Is it unheated?").reason == "words"  # no prefix
     assert v.check("Is it hot?", "Is it cold?").reason == "words"
+    assert v.check("colour colour", "colour color").ok
+    assert v.check("color color", "colour charge").reason == "words"
 
 
 @given(st.text(max_size=60), st.text(max_size=60))
