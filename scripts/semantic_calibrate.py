@@ -202,7 +202,7 @@ def main() -> None:
         write_report(result, args.out / "README.md")
         return
     emb = MiniLMEmbedder(threads=args.threads)
-    ver = LexicalVerifier()
+    ver = LexicalVerifier(word_vectors=emb)
     pairs = load_pairs(args.pairs, args.seed)
     t0 = time.perf_counter()
     scores = pair_scores(emb, [p["text_a"] for p in pairs], [p["text_b"] for p in pairs])

@@ -1,16 +1,21 @@
 """Request bodies as the gateway reads them: one canonical form, checked once.
 
 A Messages body is translated to Chat Completions (:mod:`prefixcache.server.
-anthropic_wire`); a chat body needs a non-empty ``messages`` array, a completions body
-one prompt (a string or one token-id array); ``n`` must be 1, in every format (the
-fields' types and ranges are :mod:`.validate`'s, checked before). Errors are
-:class:`BadRequest`, naming the field.
+anthropic_wire`, its text blocks kept as text parts), and the body as sent is kept for a
+Messages upstream (:data:`CLIENT_MESSAGES`); a chat body needs a non-empty ``messages``
+array, a completions body one prompt (a string or one token-id array); ``n`` must be 1,
+in every format (the fields' types and ranges are :mod:`.validate`'s, checked before).
+Errors are :class:`BadRequest`, naming the field.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from prefixcache.server import anthropic_wire as wire
+
+# Where a Messages client's body, as sent, rides along with its chat translation (keys
+# starting with "_" are never keyed nor forwarded to an OpenAI-format upstream).
+CLIENT_MESSAGES = "_client_messages"
 
 
 class BadRequest(ValueError):
@@ -29,9 +34,11 @@ def canonical(client: str, body: Any) -> tuple[str, dict]:
         raise BadRequest(400, "n: must be 1 (the gateway serves one answer a request)", "n")
     if client == "messages":
         try:
-            return "chat", wire.messages_to_chat(body)
+            req = wire.messages_to_chat(body, keep_text_blocks=True)
         except wire.WireError as exc:
             raise BadRequest(400, str(exc), exc.param) from None
+        req[CLIENT_MESSAGES] = body
+        return "chat", req
     if client == "chat" and not (isinstance(body.get("messages"), list)
                                  and body["messages"]):
         raise BadRequest(400, "messages must be a non-empty array", "messages")

@@ -13,7 +13,8 @@ layer 1    the exact key (:mod:`.exact`) in the store; a hit is served (replayed
 layer 2    the tenant's semantic cache, only when its policy enables it
 coalesce   one leader per key calls the upstream; followers wait for its
            answer, and one of them retries when it fails (:mod:`.singleflight`)
-shape      Anthropic breakpoints / OpenAI ``prompt_cache_key`` (:mod:`.shaping`);
+shape      Anthropic breakpoints added to the client's own (a Messages client's
+           body is forwarded as sent) / OpenAI ``prompt_cache_key`` (:mod:`.shaping`);
            for our engine and vLLM a ``cache_salt`` from the tenant (KV isolation);
            volatile prefixes and rewritten history counted (:mod:`.history`)
 store      only complete answers whose ``finish_reason`` the policy lists
@@ -23,6 +24,7 @@ store      only complete answers whose ``finish_reason`` the policy lists
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,7 +36,7 @@ from prefixcache.gateway.exact import exact_key, is_sampled, semantic_scope
 from prefixcache.gateway.history import HistoryWatch
 from prefixcache.gateway.metrics import GatewayMetrics
 from prefixcache.gateway.policy import TenantPolicy
-from prefixcache.gateway.requests import BadRequest, canonical
+from prefixcache.gateway.requests import CLIENT_MESSAGES, BadRequest, canonical
 from prefixcache.gateway.shaping import (
     ReuseClock,
     min_cacheable_tokens,
@@ -159,8 +161,9 @@ class Gateway:
         found = self.history.observe(tenant, req)
         self.metrics.breaker(tenant, found.volatile_span is not None, found.rewritten_tokens)
         if upstream.provider == "anthropic":
-            try:
-                msg = wire.chat_to_messages(req)
+            try:  # a Messages client's body goes as sent; a chat body is translated
+                msg = (copy.deepcopy(req[CLIENT_MESSAGES]) if CLIENT_MESSAGES in req
+                       else wire.chat_to_messages(req))
             except (wire.WireError, ValueError) as exc:
                 raise BadRequest(400, f"cannot translate to Messages: {exc}", "messages") \
                     from None

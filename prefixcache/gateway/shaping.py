@@ -1,7 +1,9 @@
 """Layer 3: shape forwarded requests so that the upstream's own prefix cache hits.
 
-Anthropic (a Messages body, changed in place by :func:`place_breakpoints`): at most 4
-``cache_control`` breakpoints, in the provider's order tools -> system -> messages:
+Anthropic (a Messages body, changed in place by :func:`place_breakpoints`; a Messages
+client's body is the one it sent, text blocks and breakpoints as they were): the client's
+own breakpoints are kept, and the gateway adds its own in the free slots, at most 4 in
+all, in the provider's order tools -> system -> messages:
 
 1. the last tool (caches the tool list),
 2. the last system block (tools + system),
@@ -68,41 +70,45 @@ def _block_text(block: dict) -> str:
 
 
 def place_breakpoints(msg: dict, ttl: str, min_tokens: int) -> list[str]:
-    """Put ``cache_control`` breakpoints on a Messages body (existing ones are removed
-    first); returns where they went (``"tools"``, ``"system"``, ``"turn"``,
-    ``"lookback"``)."""
-    ctrl = {"type": "ephemeral", "ttl": ttl}
-    tools = msg.get("tools") or []
+    """Add the gateway's ``cache_control`` breakpoints to a Messages body; returns where
+    they went (``"tools"``, ``"system"``, ``"lookback"``, ``"turn"``, in body order).
+
+    The client's own breakpoints stay where they are, as sent: the gateway only adds, in
+    the slots they leave (``"turn"`` first, then ``"system"``, ``"tools"``,
+    ``"lookback"``), so its cache reads are never below those of the body as sent. An
+    added breakpoint takes the TTL of the nearest client breakpoint before it (or of the
+    first one, when it comes before them all): the provider wants 1 h entries before 5 m
+    ones. A body with a top-level ``cache_control`` (the provider places that breakpoint
+    itself) gets none.
+    """
     if isinstance(msg.get("system"), str):
         msg["system"] = [{"type": "text", "text": msg["system"]}]
-    system = msg.get("system") or []
     for m in msg.get("messages", []):
         if isinstance(m.get("content"), str):
             m["content"] = [{"type": "text", "text": m["content"]}]
+    tools = msg.get("tools") or []
+    system = msg.get("system") or []
     blocks = [b for m in msg.get("messages", []) for b in m["content"]]
-    for b in [*tools, *system, *blocks]:
-        b.pop("cache_control", None)
-    placed: list[str] = []
-    total = sum(estimate_tokens(json.dumps(t, sort_keys=True)) for t in tools)
-    if tools and total >= min_tokens:
-        tools[-1]["cache_control"] = dict(ctrl)
-        placed.append("tools")
-    total += sum(estimate_tokens(_block_text(b)) for b in system)
-    if system and total >= min_tokens:
-        system[-1]["cache_control"] = dict(ctrl)
-        placed.append("system")
-    prefix = [total]
-    for b in blocks:
+    seq = [*tools, *system, *blocks]
+    own = [i for i, b in enumerate(seq) if b.get("cache_control")]
+    budget = MAX_BREAKPOINTS - len(own)
+    if msg.get("cache_control") is not None or budget <= 0:
+        return []
+    prefix = [0]  # estimated tokens up to and including seq[i], at prefix[i + 1]
+    for b in seq:
         prefix.append(prefix[-1] + estimate_tokens(_block_text(b)))
-    last = len(blocks) - 1
-    back = last - LOOKBACK_BLOCKS
-    if back >= 0 and prefix[back + 1] >= min_tokens:
-        blocks[back]["cache_control"] = dict(ctrl)
-        placed.append("lookback")
-    if last >= 0 and prefix[last + 1] >= min_tokens:
-        blocks[last]["cache_control"] = dict(ctrl)
-        placed.append("turn")
-    return placed
+    head, last = len(tools) + len(system), len(seq) - 1
+    wanted = [("turn", last if blocks else -1), ("system", head - 1 if system else -1),
+              ("tools", len(tools) - 1), ("lookback", last - LOOKBACK_BLOCKS)]
+    chosen = [(where, i) for where, i in wanted
+              if i >= 0 and (where != "lookback" or i >= head)
+              and prefix[i + 1] >= min_tokens and i not in own][:budget]
+    for _, i in chosen:
+        before = [j for j in own if j < i]
+        near = before[-1] if before else (own[0] if own else None)
+        seq[i]["cache_control"] = {"type": "ephemeral", "ttl": ttl if near is None else
+                                   seq[near]["cache_control"].get("ttl", "5m")}
+    return [where for where, _ in sorted(chosen, key=lambda c: c[1])]
 
 
 def prefix_material(body: dict) -> str:

@@ -7,7 +7,8 @@ the gateway (which translates in both directions):
 Messages                          Chat Completions
 ================================  ==================================================
 ``system`` (string or blocks)     a first ``system`` message
-``messages[].content`` blocks     text blocks joined; ``tool_use`` -> ``tool_calls``;
+``messages[].content`` blocks     text blocks joined (or kept as text parts, see
+                                  below); ``tool_use`` -> ``tool_calls``;
                                   ``tool_result`` -> a ``tool`` message
 ``tools[{name, description,       ``tools[{type: function, function: {name,
 input_schema}]``                  description, parameters}}]``
@@ -24,6 +25,12 @@ only) + cache counters            cache_read; ``cached_tokens`` = cache_read
 ``cache_control`` breakpoints have no Chat Completions equivalent: :func:`pin_ttl_s`
 reads the longest TTL a Messages body asks for (``"5m"`` = 300 s, ``"1h"`` = 3600 s).
 Only text content is translated (images and documents are rejected by the caller).
+
+Block boundaries: our server joins a message's text blocks (``keep_text_blocks=False``);
+the gateway keeps them (``keep_text_blocks=True``): two or more text blocks become as many
+Chat Completions text parts ``{"type": "text", "text": T}``, and :func:`chat_to_messages`
+turns text parts back into one text block each (a part's ``cache_control`` kept), so the
+text reaches a Messages upstream exactly as the client sent it.
 """
 from __future__ import annotations
 
@@ -46,8 +53,13 @@ class WireError(ValueError):
 
 
 def _text_of(blocks: Any, param: str) -> str:
+    return "".join(_texts_of(blocks, param))
+
+
+def _texts_of(blocks: Any, param: str) -> list[str]:
+    """The texts of a string (one) or of an array of text blocks (one per block)."""
     if isinstance(blocks, str):
-        return blocks
+        return [blocks]
     if not isinstance(blocks, list):
         raise WireError(f"{param} must be a string or an array of content blocks", param)
     parts = []
@@ -56,7 +68,15 @@ def _text_of(blocks: Any, param: str) -> str:
                 b.get("text"), str):
             raise WireError("only text content blocks are supported here", f"{param}[{i}]")
         parts.append(b["text"])
-    return "".join(parts)
+    return parts
+
+
+def _chat_content(texts: list[str], keep_text_blocks: bool) -> str | list[dict]:
+    """Chat ``content`` for a message's texts: one string, or (``keep_text_blocks`` and
+    two or more texts) one text part per text."""
+    if keep_text_blocks and len(texts) > 1:
+        return [{"type": "text", "text": t} for t in texts]
+    return "".join(texts)
 
 
 def pin_ttl_s(body: dict) -> float | None:
@@ -84,16 +104,19 @@ def pin_ttl_s(body: dict) -> float | None:
     return max(found) if found else None
 
 
-def messages_to_chat(body: dict) -> dict:
-    """A Messages request body as a Chat Completions body. Raises WireError."""
+def messages_to_chat(body: dict, *, keep_text_blocks: bool = False) -> dict:
+    """A Messages request body as a Chat Completions body (``keep_text_blocks``: several
+    text blocks of one message become text parts instead of one joined string). Raises
+    WireError."""
     out: dict[str, Any] = {"model": body.get("model")}
     msgs: list[dict] = []
     if body.get("system") is not None:
-        msgs.append({"role": "system", "content": _text_of(body["system"], "system")})
+        msgs.append({"role": "system", "content": _chat_content(
+            _texts_of(body["system"], "system"), keep_text_blocks)})
     if not isinstance(body.get("messages"), list):
         raise WireError("messages must be an array", "messages")
     for i, m in enumerate(body["messages"]):
-        msgs.extend(_message_to_chat(m, f"messages[{i}]"))
+        msgs.extend(_message_to_chat(m, f"messages[{i}]", keep_text_blocks))
     out["messages"] = msgs
     if "max_tokens" in body:
         out["max_tokens"] = body["max_tokens"]
@@ -117,7 +140,7 @@ def messages_to_chat(body: dict) -> dict:
     return out
 
 
-def _message_to_chat(m: Any, param: str) -> list[dict]:
+def _message_to_chat(m: Any, param: str, keep_text_blocks: bool) -> list[dict]:
     if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
         raise WireError("each message needs role 'user' or 'assistant'", f"{param}.role")
     content = m.get("content")
@@ -142,7 +165,8 @@ def _message_to_chat(m: Any, param: str) -> list[dict]:
                             f"{param}.content[{j}]")
     out: list[dict] = list(results)
     if text or calls or not results:
-        msg: dict[str, Any] = {"role": m["role"], "content": "".join(text)}
+        msg: dict[str, Any] = {"role": m["role"],
+                               "content": _chat_content(text, keep_text_blocks)}
         if calls:
             msg["tool_calls"] = calls
         out.append(msg)
@@ -157,23 +181,25 @@ def chat_to_messages(body: dict, *, default_max_tokens: int = 1024) -> dict:
     out: dict[str, Any] = {"model": body.get("model"),
                            "max_tokens": body.get("max_completion_tokens")
                            or body.get("max_tokens") or default_max_tokens}
-    if system:
-        out["system"] = [{"type": "text", "text": "\n\n".join(
-            s if isinstance(s, str) else _text_of(s, "messages") for s in system)}]
+    if system and all(isinstance(s, str) for s in system):
+        out["system"] = [{"type": "text", "text": "\n\n".join(system)}]
+    elif system:  # text parts: one block each, as sent
+        out["system"] = [b for s in system for b in _text_blocks(s, "messages")]
     msgs: list[dict] = []
     for m in body.get("messages", []):
         role = m.get("role")
         if role in ("system", "developer"):
             continue
         content = m.get("content") or ""
-        text = content if isinstance(content, str) else _text_of(content, "messages")
         if role == "tool":
-            block: dict = {"type": "tool_result", "tool_use_id": m.get("tool_call_id"),
-                           "content": text}
+            text = content if isinstance(content, str) else _text_of(content, "messages")
+            blocks: list[dict] = [{"type": "tool_result", "tool_use_id": m.get("tool_call_id"),
+                                   "content": text}]
             role = "user"
         else:
-            block = {"type": "text", "text": text}
-        blocks = [block] if text or role == "user" else []
+            blocks = [b for b in _text_blocks(content, "messages") if b["text"]]
+            if not blocks and role == "user":
+                blocks = [{"type": "text", "text": ""}]
         for c in m.get("tool_calls") or []:
             fn = c.get("function", {})
             blocks.append({"type": "tool_use", "id": c.get("id"), "name": fn.get("name"),
@@ -195,6 +221,17 @@ def chat_to_messages(body: dict, *, default_max_tokens: int = 1024) -> dict:
                          "input_schema": t["function"].get("parameters", {})}
                         for t in body["tools"]]
     return out
+
+
+def _text_blocks(content: Any, param: str) -> list[dict]:
+    """Messages text blocks of a chat ``content``: a string is one block; each text part
+    is one block, its ``cache_control`` (a client's breakpoint) kept."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    texts = _texts_of(content, param)
+    return [{"type": "text", "text": t, **({"cache_control": p["cache_control"]}
+                                           if p.get("cache_control") else {})}
+            for t, p in zip(texts, content)]
 
 
 def anthropic_usage(prompt_tokens: int, cached_tokens: int, completion_tokens: int,

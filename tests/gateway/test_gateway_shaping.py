@@ -2,6 +2,10 @@
 2; OpenAI prompt_cache_key; TTL from reuse; volatile prefixes and rewritten history."""
 from __future__ import annotations
 
+import asyncio
+
+import httpx
+
 from prefixcache.gateway.history import HistoryWatch, volatile_span
 from prefixcache.gateway.shaping import (
     ReuseClock,
@@ -187,3 +191,111 @@ def test_a_reworded_question_is_not_a_volatile_prefix():
     uuid_b = "Session 9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b. "
     rest = "Answer as the ACME support agent, politely and briefly, citing policy. " * 2
     assert volatile_span(uuid_a + rest, uuid_b + rest).startswith("9e8d7c6b")
+
+
+DOC = ("The warranty covers parts and labour for two years from delivery; "
+       "batteries are covered for one year. ") * 96  # 9,600 characters: 2,400 tokens
+QUESTIONS = ("What does the warranty cover?", "How long are batteries covered?",
+             "Is labour included?")
+
+
+def _doc_question(q: str) -> dict:
+    return {"model": CLAUDE, "max_tokens": 16, "temperature": 0, "messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": DOC, "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": q}]}]}
+
+
+def test_a_messages_clients_document_breakpoint_reads_as_much_as_sent_directly(emulators):
+    direct_emu, direct_url = emulators("anthropic")
+    emu, url = emulators("anthropic")
+    gw = make_gateway([("an", url, "anthropic", (CLAUDE,))])
+
+    async def go_direct():
+        async with httpx.AsyncClient() as c:
+            return [(await c.post(direct_url + "/v1/messages", json=_doc_question(q),
+                                  headers={"x-api-key": "sk-a"})).json()["usage"]
+                    for q in QUESTIONS]
+
+    async def go_gateway(c):
+        out = []
+        for q in QUESTIONS:
+            r = await c.post("/v1/messages", json=_doc_question(q), headers=A)
+            assert r.status_code == 200, r.text
+            out.append(r.json()["usage"])
+        return out
+
+    direct = [u["cache_read_input_tokens"] for u in asyncio.run(go_direct())]
+    via = [u["cache_read_input_tokens"] for u in run(go_gateway, gw)]
+    assert direct[0] == 0 and direct[1] == direct[2] > estimate_tokens(DOC)
+    assert via == direct
+    sent = emu.bodies[0]["messages"][0]["content"]
+    assert [b["text"] for b in sent] == [DOC, QUESTIONS[0]]  # as sent, two blocks
+    assert sent[0]["cache_control"] == {"type": "ephemeral"}  # the client's, untouched
+    assert sent[1]["cache_control"] == {"type": "ephemeral", "ttl": "5m"}  # the gateway's
+
+
+def _two_blocks(model: str) -> dict:
+    return {"model": model, "max_tokens": 16, "temperature": 0,
+            "system": [{"type": "text", "text": "Sys A."}, {"type": "text", "text": "Sys B."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Q1."},
+                                                      {"type": "text", "text": "Q2."}]}]}
+
+
+def test_text_blocks_keep_their_boundaries_to_every_upstream(emulators):
+    an, an_url = emulators("anthropic")
+    oa, oa_url = emulators("openai")
+    gw = make_gateway([("an", an_url, "anthropic", (CLAUDE,)),
+                       ("oa", oa_url, "openai", ("gpt-4.1",))])
+    joined = {**_two_blocks(CLAUDE), "system": "Sys A.Sys B.",
+              "messages": [{"role": "user", "content": "Q1.Q2."}]}
+    chat_parts = {"model": CLAUDE, "max_tokens": 16, "temperature": 0, "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Sys A."},
+                                       {"type": "text", "text": "Sys B."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Q1."},
+                                     {"type": "text", "text": "Q2.",
+                                      "cache_control": {"type": "ephemeral"}}]}]}
+
+    async def go(c):
+        for path, body in (("/v1/messages", _two_blocks(CLAUDE)), ("/v1/messages", joined),
+                           ("/v1/chat/completions", chat_parts),
+                           ("/v1/messages", _two_blocks("gpt-4.1"))):
+            r = await c.post(path, json=body, headers=A)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["cache_layer"] == "miss"  # no two share an exact key
+
+    run(go, gw)
+    assert an.calls == 3 and oa.calls == 1
+    assert an.bodies[0]["system"] == _two_blocks(CLAUDE)["system"]
+    assert an.bodies[0]["messages"] == _two_blocks(CLAUDE)["messages"]
+    assert an.bodies[1]["system"] == [{"type": "text", "text": "Sys A.Sys B."}]
+    assert an.bodies[2]["system"] == _two_blocks(CLAUDE)["system"]
+    assert an.bodies[2]["messages"][0]["content"] == chat_parts["messages"][1]["content"]
+    assert oa.bodies[0]["messages"] == [
+        {"role": "system", "content": [{"type": "text", "text": "Sys A."},
+                                       {"type": "text", "text": "Sys B."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Q1."},
+                                     {"type": "text", "text": "Q2."}]}]
+
+
+def test_the_clients_breakpoints_stay_and_the_gateway_only_fills_free_slots():
+    long = "x" * 8000  # 2,000 tokens
+    msg = {"system": [{"type": "text", "text": long,
+                       "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+           "messages": [{"role": "user", "content": [
+               {"type": "text", "text": "doc " * 1000,
+                "cache_control": {"type": "ephemeral", "ttl": "5m"}},
+               {"type": "text", "text": "question"}]}]}
+    assert place_breakpoints(msg, "1h", 1024) == ["turn"]
+    blocks = msg["messages"][0]["content"]
+    assert msg["system"][0]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+    assert blocks[0]["cache_control"] == {"type": "ephemeral", "ttl": "5m"}
+    assert blocks[1]["cache_control"] == {"type": "ephemeral", "ttl": "5m"}  # 1h before 5m
+    four = {"system": long, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": f"part {i} " * 300, "cache_control": {"type": "ephemeral"}}
+        for i in range(4)] + [{"type": "text", "text": "q"}]}]}
+    assert place_breakpoints(four, "5m", 1024) == []  # no slot left
+    assert "cache_control" not in four["system"][0]
+    auto = {"cache_control": {"type": "ephemeral"}, "system": long,
+            "messages": [{"role": "user", "content": "q"}]}
+    assert place_breakpoints(auto, "5m", 1024) == []  # the provider's automatic mode

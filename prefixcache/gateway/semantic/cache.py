@@ -4,7 +4,8 @@
 prompt, tools, parameters, earlier history): a lookup searches only that scope's index, so
 another tenant, system prompt or history can never be served. ``text`` (the last user turn)
 is the only thing embedded. A hit needs cosine >= ``threshold`` (strict by default, see
-``DEFAULT_THRESHOLD``) and the second check (``verify.LexicalVerifier`` by default); every
+``DEFAULT_THRESHOLD``) and the second check (``verify.LexicalVerifier`` by default, with
+``embedder``'s vectors of single words telling spelling variants apart); every
 lookup reports its embedding, index and verify milliseconds.
 """
 from __future__ import annotations
@@ -89,7 +90,8 @@ class SemanticCache:
             raise ValueError(f"max_value_bytes must be >= 1, got {max_value_bytes}")
         self.embedder = embedder
         self.threshold = threshold
-        self.verifier: Verifier = verifier if verifier is not None else LexicalVerifier()
+        self.verifier: Verifier = (verifier if verifier is not None
+                                   else LexicalVerifier(word_vectors=embedder))
         self.candidates = candidates
         self.max_value_bytes = max_value_bytes
         self.index = ScopedIndex(embedder.dim, max_scopes, max_entries_per_scope, max_entries,

@@ -50,7 +50,7 @@ def test_verifier_rejection_is_reported(toy):
     s = scope("t")
     cache.store(s, "is the column null", b"x")
     res = cache.search(s, "is the column not null")
-    assert res.hit is None and res.reason == "rejected:negation"
+    assert res.hit is None and res.reason == "rejected:words"
     assert cache.stats["rejected"] == 1
 
 

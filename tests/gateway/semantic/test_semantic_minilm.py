@@ -1,6 +1,8 @@
 """The real embedder (all-MiniLM-L6-v2) through the cache at the default threshold."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -8,9 +10,11 @@ from prefixcache.gateway.semantic.cache import DEFAULT_THRESHOLD, SemanticCache
 from prefixcache.gateway.semantic.near_miss import NEAR_MISSES, PARAPHRASES
 from prefixcache.gateway.semantic.verify import AcceptAll
 
-# PARAPHRASES served at the default threshold (0.95): the others score 0.84-0.94
-PARAPHRASE_HITS = [True, False, False, False, True, False, True, True, False, True,
-                   True, True, True, True, True, True, True, True, True, True]
+# PARAPHRASES served at the default threshold (0.95) with the second check: the others
+# score under 0.95 or use other words (the check knows no synonyms)
+PARAPHRASE_HITS = [True, False, False, False, True, False, False, True, False, True,
+                   True, False, True, False, True, False, False, True, False, False]
+HELD_OUT = Path(__file__).parent / "data" / "held_out_pairs.tsv"
 
 
 def test_embeddings_are_unit_rows_and_batch_independent(minilm):
@@ -59,3 +63,25 @@ def test_paraphrase_never_crosses_tenants_or_system_prompts(minilm):
     for scope in (b, other_prompt):
         assert cache.lookup(scope, "How can I cancel my subscription?") is None
         assert cache.lookup(scope, "How do I cancel my subscription?") is None
+
+
+def test_an_antonym_is_not_served(minilm):
+    cache = SemanticCache(minilm)
+    cache.store(b"s", "How long should I boil an egg for a soft yolk?", b"soft")
+    found = cache.search(b"s", "How long should I boil an egg for a hard yolk?")
+    assert found.best_score is not None and found.best_score >= DEFAULT_THRESHOLD
+    assert found.hit is None and found.reason == "rejected:words"
+
+
+def test_held_out_near_misses_get_no_false_hit_at_the_default_threshold(minilm):
+    """The held-out file (written after the check was fixed; figures and the command in
+    benchmarks/gateway/RESULTS.md): 0 of 90 near-misses served, 17 of 30 paraphrases,
+    where the threshold alone serves 33 near-misses."""
+    rows = [line.split("\t") for line in HELD_OUT.read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    near = [(a, b) for kind, a, b in rows if kind != "paraphrase"]
+    para = [(a, b) for kind, a, b in rows if kind == "paraphrase"]
+    assert (len(near), len(para)) == (90, 30)
+    assert sum(_served(SemanticCache(minilm), near, "h")) == 0
+    assert sum(_served(SemanticCache(minilm), para, "hp")) == 17
+    assert sum(_served(SemanticCache(minilm, verifier=AcceptAll()), near, "hr")) == 33
