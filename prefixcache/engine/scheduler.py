@@ -87,11 +87,13 @@ class Scheduler:
         (``engine/sample_group.py``), with a page table forked from the parent's
         (:meth:`KVCacheManager.fork`): it runs from the next step on, admitted after
         every running request (the first preemption victim). Returns the page pairs
-        the caller copies (source, destination). Without pages for the fork it waits at
-        the head of the queue instead and recomputes its partial page from the cache
-        (no pairs then)."""
+        the caller copies (source, destination). Without pages for the fork, or with
+        ``max_num_seqs`` requests running, it waits at the head of the queue instead and
+        recomputes its partial page from the cache when admitted (no pairs then)."""
         self._new_page_table(child)
-        copies = self.cache.fork(parent.table, child.table)
+        copies = None
+        if len(self.running) < self.config.max_num_seqs:
+            copies = self.cache.fork(parent.table, child.table)
         if copies is None:
             child.status = RequestStatus.WAITING
             self.waiting.insert(0, child)
