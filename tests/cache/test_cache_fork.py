@@ -3,6 +3,9 @@ pages and gets private pages for the rest, checked against the page invariants."
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from prefixcache.cache import KVCacheManager
 from prefixcache.cache.invariants import check_invariants
@@ -92,3 +95,89 @@ def test_fork_refuses_a_table_that_does_not_continue_the_parent(case):
         child = mgr.new_page_table("c", TOKENS[:-1] + [99])
     with pytest.raises(ValueError, match="fork into 'c'"):
         mgr.fork(parent, child)
+
+
+class ForkMachine(RuleBasedStateMachine):
+    """Prefill, fork, decode (tokens from a small alphabet, so forked samples often write
+    identical pages: duplicates), preempt and finish in any order over a small pool; the
+    page invariants hold after every operation and nothing is held at the end."""
+
+    def __init__(self):
+        super().__init__()
+        self.mgr = KVCacheManager(10, BS)
+        self.live: list = []
+        self.count = 0
+
+    def _new(self, tokens):
+        self.count += 1
+        return self.mgr.new_page_table(f"r{self.count}", list(tokens))
+
+    def _pick(self, i):
+        return self.live[i % len(self.live)]
+
+    @rule(length=st.integers(1, 13), prefix=st.sampled_from([0, 0, 1]))
+    def prefill(self, length, prefix):
+        pt = self._new([prefix * 50 + i for i in range(length)])
+        self.mgr.take_hits(pt)
+        n = len(pt.token_ids) - pt.num_computed_tokens
+        if not self.mgr.allocate(pt, n):
+            self.mgr.free(pt)
+            return
+        self.mgr.commit(pt, n)
+        self.live.append(pt)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 99))
+    def fork(self, i):
+        parent = self._pick(i)
+        child = self._new(parent.token_ids[:parent.num_computed_tokens])
+        shared_before = [self.mgr.pool.ref_count[p] for p in parent.pages]
+        copies = self.mgr.fork(parent, child)
+        if copies is None:
+            assert child.pages == []
+            self.mgr.free(child)
+            return
+        full = parent.num_computed_tokens // BS
+        for j, page in enumerate(child.pages):
+            if page == parent.pages[j]:  # shared: a published full page, one more holder
+                assert j < full and self.mgr.pool.state[page] == PageState.PUBLISHED
+                assert self.mgr.pool.ref_count[page] == shared_before[j] + 1
+            else:
+                assert (parent.pages[j], page) in copies
+        self.live.append(child)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 99), tok=st.integers(0, 2))
+    def decode(self, i, tok):
+        pt = self._pick(i)
+        if len(pt.token_ids) >= 40:
+            return
+        pt.token_ids.append(tok)
+        if self.mgr.allocate(pt, 1):
+            self.mgr.commit(pt, 1)
+        else:  # preempted: its pages go, its published ones stay cached
+            self.mgr.free(pt)
+            self.live.remove(pt)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 99))
+    def finish(self, i):
+        pt = self._pick(i)
+        self.mgr.free(pt)
+        self.live.remove(pt)
+
+    @invariant()
+    def invariants_hold(self):
+        check_invariants(self.mgr)
+
+    def teardown(self):
+        for pt in self.live:
+            self.mgr.free(pt)
+        check_invariants(self.mgr)
+        assert self.mgr.pool.num_live == 0
+
+
+ForkMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestForkStateful = ForkMachine.TestCase
