@@ -39,13 +39,21 @@ def member_id(request_id: str, index: int) -> str:
 
 
 def member_params(params: SamplingParams, index: int) -> SamplingParams:
-    """The parameters member ``index`` samples with: one sample, seed ``seed + index``,
-    and the sampled token's logprob always computed when ``best_of`` ranks the samples."""
+    """The parameters member ``index`` samples with: one sample, seed ``seed + index``
+    (wrapped to stay under 2**64), the sampled token's logprob always computed when
+    ``best_of`` ranks the samples, prompt logprobs for member 0 only."""
     logprobs = params.logprobs
     if params.best_of is not None and logprobs is None:
         logprobs = 0
-    seed = None if params.seed is None else params.seed + index
-    return dataclasses.replace(params, n=1, best_of=None, seed=seed, logprobs=logprobs)
+    seed = params.seed
+    if seed is not None:
+        seed += index
+        if seed >= 1 << 64:  # past what a generator takes: wrap around 64 bits
+            seed -= 1 << 64
+    # only the parent computes the prompt's logprobs (a preempted sample would again)
+    prompt_logprobs = params.prompt_logprobs if index == 0 else None
+    return dataclasses.replace(params, n=1, best_of=None, seed=seed, logprobs=logprobs,
+                               prompt_logprobs=prompt_logprobs)
 
 
 @dataclass(eq=False)

@@ -65,6 +65,7 @@ def test_n8_costs_one_prefill_and_shares_the_prompt_pages():
         # the 2 full prompt pages referenced by 7 children, the partial page copied once each
         assert s8["fork_shared_pages"] == 2 * 7 and s8["fork_copied_pages"] == 7
         assert s8["prefix_cache_queries"] == 40  # the prompt counts once
+        assert s8["steps"] == s1["steps"] == 6  # the samples decode in the same steps
         pages = seen["pages"]
         assert all(p[:2] == pages[0][:2] for p in pages)
         assert len({p[2] for p in pages}) == 8  # one private partial page each
@@ -242,4 +243,38 @@ def test_request_id_of_a_sample_group_stays_reserved():
             eng.add_request("x", PROMPT, SamplingParams())
         while eng.has_unfinished_requests():
             eng.step()
+        assert_nothing_held(llm)
+
+
+def test_max_num_seqs_bounds_the_forked_samples():
+    params = SamplingParams(n=4, max_tokens=5, seed=8, ignore_eos=True)
+    with make_llm() as roomy:
+        want = [c.token_ids for c in roomy.generate({"prompt_token_ids": PROMPT}, params)[0]
+                .outputs]
+    with make_llm(max_num_seqs=2) as llm:
+        out = drive(llm, "m", PROMPT, params)
+        st = llm.stats()
+        # sample 1 forked beside the parent; 2 and 3 waited, then hit the 2 full pages
+        # and computed the partial page's 8 tokens and their first token
+        assert st["fork_copied_pages"] == 1 and st["fork_shared_pages"] == 2
+        assert st["prefill_tokens_computed"] == 40 + 2 * 9
+        assert [c.token_ids for c in out.outputs] == want
+        assert_nothing_held(llm)
+
+
+def test_seed_at_the_top_of_the_range_wraps_around():
+    with make_llm() as llm:
+        out = llm.generate({"prompt_token_ids": PROMPT},
+                           SamplingParams(n=2, seed=2**64 - 1, max_tokens=4))[0]
+        zero = llm.generate({"prompt_token_ids": PROMPT},
+                            SamplingParams(seed=0, max_tokens=4))[0]
+        assert out.outputs[1].token_ids == zero.outputs[0].token_ids
+
+
+def test_prompt_logprobs_are_computed_once():
+    with make_llm() as llm:
+        out = llm.generate({"prompt_token_ids": PROMPT},
+                           SamplingParams(n=3, max_tokens=2, prompt_logprobs=1))[0]
+        assert len(out.prompt_logprobs) == 40 and out.prompt_logprobs[0] is None
+        assert llm.stats()["prefill_tokens_computed"] == 40
         assert_nothing_held(llm)
