@@ -278,3 +278,33 @@ def test_prompt_logprobs_are_computed_once():
         assert len(out.prompt_logprobs) == 40 and out.prompt_logprobs[0] is None
         assert llm.stats()["prefill_tokens_computed"] == 40
         assert_nothing_held(llm)
+
+
+@pytest.mark.parametrize("fail_at", [1, 3])  # the prefill step, a decode step
+def test_a_failed_step_ends_every_sample_and_frees_its_pages(fail_at):
+    with make_llm() as llm:
+        eng = llm.engine
+        real = eng.model.forward
+        calls = {"n": 0}
+
+        def flaky(batch, kv):
+            calls["n"] += 1
+            if calls["n"] == fail_at:
+                raise RuntimeError("injected")
+            return real(batch, kv)
+
+        eng.model.forward = flaky
+        eng.add_request("f", PROMPT, SamplingParams(n=4, max_tokens=8, seed=1))
+        outs = []
+        while eng.has_unfinished_requests():
+            outs.extend(eng.step())
+            check_invariants(eng.cache)
+        assert len(outs) == fail_at and outs[-1].finished
+        assert [c.finish_reason for c in outs[-1].outputs] == ["error"] * 4
+        assert [c.num_tokens for c in outs[-1].outputs] == [fail_at - 1] * 4
+        assert "injected" in outs[-1].error
+        assert_nothing_held(llm)
+        eng.model.forward = real
+        again = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(n=2, max_tokens=2))
+        assert [c.finish_reason for c in again[0].outputs] == ["length"] * 2
+        assert_nothing_held(llm)

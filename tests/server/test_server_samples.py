@@ -118,3 +118,15 @@ def test_best_of_returns_the_most_likely_samples(server, client):
     assert all(c.logprobs is None for c in best.choices)
     assert best.usage.completion_tokens == 2 * 5  # the returned samples, as OpenAI counts
     server.wait_idle()
+
+
+def test_stream_closed_early_aborts_every_sample(server, client):
+    before = server.wait_idle()
+    stream = client.completions.create(model="tiny", prompt=unique_prompt(), n=4,
+                                       max_tokens=2000, stream=True, extra_body=IGNORE_EOS)
+    first = next(iter(stream))
+    assert first.choices[0].index in range(4)
+    stream.close()
+    after = server.wait_idle(timeout=60)  # every page back: all four samples aborted
+    key = 'request_success_total{finished_reason="abort"}'
+    assert after.get(key, 0) - before.get(key, 0) == 1
