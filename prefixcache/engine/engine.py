@@ -257,6 +257,11 @@ class LLMEngine:
                     self._finish(member, reason, error)
         if group is not None and group.finished:
             self.groups.pop(group.request_id, None)
+            # the group's output carries the parent's metrics: they end with the last sample
+            m = group.parent.metrics
+            m.finished_time = max(x.metrics.finished_time for x in group.members)
+            m.last_token_time = max((x.metrics.last_token_time for x in group.members
+                                     if x.metrics.last_token_time is not None), default=None)
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
