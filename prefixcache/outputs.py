@@ -130,7 +130,9 @@ class RequestOutput:
 
     ``num_cached_tokens`` is the number of prompt tokens whose prefill was skipped (read
     from published pages, at admission or by following an in-flight leader); it is final
-    before the first output token and never changes after.
+    before the first output token and never changes after. ``outputs`` holds one
+    completion per returned sample (``SamplingParams.n``), in ``index`` order; they share
+    the prompt, so it and its cached tokens count once.
     """
 
     request_id: str

@@ -13,6 +13,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_BYTES = 4096        # all stop strings together, UTF-8 bytes
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGPROBS = 20
+MAX_SAMPLES = 128            # n and best_of: parallel samples of one prompt
 
 
 class ParamError(ValueError):
@@ -28,7 +29,11 @@ class SamplingParams:
     """How to sample one request's output.
 
     Attributes:
-        n: number of completions; only ``1`` is supported.
+        n: number of completions returned, 1 to :data:`MAX_SAMPLES`. They share one
+            prefill of the prompt (``engine/sample_group.py``); sample ``i`` of a seeded
+            request uses seed ``seed + i``, as vLLM does.
+        best_of: generate this many samples (``n`` to :data:`MAX_SAMPLES`) and return the
+            ``n`` with the highest cumulative logprob, best first; ``None`` for ``n``.
         temperature: softmax temperature; ``0`` means greedy (argmax).
         top_p: nucleus sampling mass in (0, 1].
         top_k: keep the k most likely tokens; ``0`` or ``-1`` disables.
@@ -56,6 +61,7 @@ class SamplingParams:
     """
 
     n: int = 1
+    best_of: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -86,7 +92,10 @@ class SamplingParams:
                    for t in self.stop_token_ids or []),
                "stop_token_ids", "must be non-negative integers")
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
-        _check(self.n == 1, "n", f"only n=1 is supported, got {self.n}")
+        _check(1 <= self.n <= MAX_SAMPLES, "n",
+               f"must be in [1, {MAX_SAMPLES}], got {self.n}")
+        _check(self.best_of is None or self.n <= self.best_of <= MAX_SAMPLES, "best_of",
+               f"must be in [n, {MAX_SAMPLES}] (n={self.n}), got {self.best_of}")
         _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.top_k >= -1, "top_k", f"must be -1, 0 or positive, got {self.top_k}")
@@ -129,9 +138,14 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def num_samples(self) -> int:
+        """Sequences generated: ``best_of``, or ``n`` without it."""
+        return self.n if self.best_of is None else self.best_of
+
 
 _INT_FIELDS = ("n", "top_k", "min_tokens")
-_OPTIONAL_INT_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+_OPTIONAL_INT_FIELDS = ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs")
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                  "repetition_penalty")
 

@@ -57,6 +57,28 @@ class Allocator:
         total = pt.num_computed_tokens + num_new_tokens
         return max(0, -(-total // self.block_size) - len(pt.pages))
 
+    def new_pages(self, tenant: Hashable, count: int) -> list[int]:
+        """Take ``count`` pending pages (ref 1) for ``tenant``, evicting cached-free pages
+        when the free queue is empty; the caller checked ``num_allocatable`` and puts
+        them in a page table."""
+        pool = self.pool
+        evicted: list[EvictedPage] = []
+        pages: list[int] = []
+        for _ in range(count):
+            if not pool.num_free:  # evict a cached-free page (quotas, then LRU, pins last)
+                victim: int = self.victim(tenant)  # type: ignore[assignment]
+                if self.on_evict is not None:
+                    key = self.index.page_key[victim]
+                    h = self.index.page_hash[victim]
+                    if key is not None and h is not None:
+                        evicted.append(EvictedPage(victim, h, key[1]))
+                self.drop_cached(victim)
+                self.counters.evictions += 1
+            pages.append(pool.pop_free(tenant))  # type: ignore[arg-type]
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)  # before any step overwrites them
+        return pages
+
     def allocate(self, pt: PageTable, num_new_tokens: int) -> bool:
         """See ``KVCacheManager.allocate``; ``False`` (nothing changed) if the pool
         cannot supply the pages.
@@ -72,20 +94,7 @@ class Allocator:
         need = self.pages_needed(pt, num_new_tokens)
         if need > pool.num_allocatable:
             return False
-        evicted: list[EvictedPage] = []
-        for _ in range(need):
-            if not pool.num_free:  # evict a cached-free page (quotas, then LRU, pins last)
-                victim: int = self.victim(pt.tenant)  # type: ignore[assignment]
-                if self.on_evict is not None:
-                    key = self.index.page_key[victim]
-                    h = self.index.page_hash[victim]
-                    if key is not None and h is not None:
-                        evicted.append(EvictedPage(victim, h, key[1]))
-                self.drop_cached(victim)
-                self.counters.evictions += 1
-            pt.pages.append(pool.pop_free(pt.tenant))  # type: ignore[arg-type]
-        if evicted and self.on_evict is not None:
-            self.on_evict(evicted)  # before any step overwrites them
+        pt.pages.extend(self.new_pages(pt.tenant, need))
         if self.enabled and None not in pt.chain_refs[-1:]:
             first = max(pt.num_computed_tokens // bs, len(pt.chain_refs))
             last = min(-(-end // bs), len(pt.token_ids) // bs)

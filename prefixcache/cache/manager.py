@@ -236,6 +236,58 @@ class KVCacheManager:
         """
         return self._alloc.allocate(pt, num_new_tokens)
 
+    # -- parallel samples -------------------------------------------------------------
+    def fork(self, parent: PageTable, child: PageTable) -> list[tuple[int, int]] | None:
+        """Give ``child`` the parent's KV up to ``parent.num_computed_tokens``, as the
+        parallel samples of one prompt need (``engine/sample_group.py``). ``child`` is a
+        new, empty table of the same namespace whose tokens start with those the parent
+        computed. Published full pages are shared (one more holder each); the partial
+        last page and full pages that are not published (caching off, a private
+        duplicate) get new private pages, never a write into a shared page. The caller
+        copies the returned ``(source, destination)`` page pairs before any step writes
+        either table. Counted in ``fork_shared_pages`` / ``fork_copied_pages``.
+
+        Returns:
+            The page pairs to copy, or ``None`` (nothing changed) if the pool cannot
+            supply the new pages.
+
+        Raises:
+            ValueError: ``child`` holds pages, or its namespace or tokens differ.
+        """
+        bs, pool = self.block_size, self.pool
+        n = parent.num_computed_tokens
+        if child.pages or child.num_computed_tokens:
+            raise ValueError(f"fork into {child.request_id!r}: the table is not empty")
+        if (child.root_hash != parent.root_hash or child.page_extra != parent.page_extra
+                or child.mm_hashes != parent.mm_hashes or child.tenant != parent.tenant
+                or child.token_ids[:n] != parent.token_ids[:n]):
+            raise ValueError(f"fork into {child.request_id!r}: namespace or tokens differ "
+                             f"from {parent.request_id!r}")
+        full = n // bs
+        pages = parent.pages[:-(-n // bs)]
+        shared = [i < full and pool.state[p] == PageState.PUBLISHED
+                  for i, p in enumerate(pages)]
+        need = shared.count(False)
+        if need > pool.num_allocatable:
+            return None
+        new = iter(self._alloc.new_pages(child.tenant, need))
+        copies = []
+        for page, share in zip(pages, shared):
+            if share:
+                pool.incref(page)
+                child.pages.append(page)
+            else:
+                dst = next(new)
+                child.pages.append(dst)
+                copies.append((page, dst))
+        child.chain_refs = list(parent.chain_refs[:full])
+        child.dup_positions = [i for i in parent.dup_positions if i < full]
+        child.num_computed_tokens = n
+        child.admitted = True
+        self.counters.fork_shared_pages += len(pages) - len(copies)
+        self.counters.fork_copied_pages += len(copies)
+        return copies
+
     # -- after a step ------------------------------------------------------------------
     def commit(self, pt: PageTable, num_new_tokens: int) -> int:
         """The step that wrote ``num_new_tokens`` tokens completed without error:

@@ -25,6 +25,10 @@ class CacheCounters:
         duplicate_pages: full pages a request computed although an identical published
             page existed when it finished them (pages; wasted compute).
         reset_dropped_pages: pages dropped by ``reset`` (pages).
+        fork_shared_pages: pages a forked table shares with its parent (parallel
+            samples of one prompt; pages).
+        fork_copied_pages: pages a fork copied instead (a partial last page, or a full
+            page that is not published; pages).
     """
 
     prefix_cache_queries: int = 0
@@ -34,6 +38,8 @@ class CacheCounters:
     published_pages: int = 0
     duplicate_pages: int = 0
     reset_dropped_pages: int = 0
+    fork_shared_pages: int = 0
+    fork_copied_pages: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -30,6 +30,7 @@ from prefixcache.engine.kv_tiers import KVTiers, model_fingerprint
 from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
 from prefixcache.engine.request import Request, RequestStatus
+from prefixcache.engine.sample_group import SampleGroup, member_id, member_params
 from prefixcache.engine.scheduler import ScheduledSeq, Scheduler
 from prefixcache.model.loader import LoadedModel, load_model
 from prefixcache.outputs import RequestOutput
@@ -106,6 +107,7 @@ class LLMEngine:
                 self.scheduler.remote_wait = self.shared.should_wait
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
+        self.groups: dict[str, SampleGroup] = {}  # live n > 1 requests, by request id
         self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "steps": 0, "failed_steps": 0, "requests_finished": 0,
                          "requests_aborted": 0}
@@ -151,7 +153,9 @@ class LLMEngine:
         ``pin_ttl_s`` (seconds): once its prefill completes, pin its full prompt pages for
         that long (``cache/pins.py``; ``output.extra["pin"]`` tells the result). With
         ``params.max_tokens == 0`` the request prefills and finishes (``"length"``)
-        without generating.
+        without generating. With ``params.n > 1`` or ``best_of`` its samples share one
+        prefill (``engine/sample_group.py``); each output then holds one
+        ``CompletionOutput`` per returned sample, ``index`` 0 to ``n - 1``.
 
         Raises:
             ParamError: invalid prompt or parameters (names the parameter).
@@ -159,7 +163,8 @@ class LLMEngine:
             QueueFullError: the waiting queue is full.
         """
         params = params or SamplingParams()
-        if request_id in self.requests:
+        ids = [member_id(request_id, i) for i in range(params.num_samples)]
+        if request_id in self.groups or any(rid in self.requests for rid in ids):
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params)
         check_namespace(tenant=tenant, cache_salt=cache_salt)
@@ -171,21 +176,40 @@ class LLMEngine:
         limit = self.config.max_waiting_requests
         if limit is not None and len(self.scheduler.waiting) >= limit:
             raise QueueFullError(f"{len(self.scheduler.waiting)} requests are waiting")
-        req = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
-                      sampling_params=params, prompt=prompt, tenant=tenant,
-                      cache_salt=cache_salt, extra_keys=tuple(extra_keys), pin_ttl_s=pin_ttl_s,
-                      arrival_time=self.clock() if arrival_time is None else arrival_time)
-        if params.seed is not None:
-            req.generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        self.outputs.start(req)
-        self.requests[request_id] = req
-        self.scheduler.add(req)
-        return req
+        arrival = self.clock() if arrival_time is None else arrival_time
+        members = []
+        for i, rid in enumerate(ids):
+            sp = params if len(ids) == 1 else member_params(params, i)
+            req = Request(request_id=rid, prompt_token_ids=list(prompt_token_ids),
+                          sampling_params=sp, prompt=prompt, tenant=tenant,
+                          cache_salt=cache_salt, extra_keys=tuple(extra_keys),
+                          pin_ttl_s=pin_ttl_s if i == 0 else None, arrival_time=arrival,
+                          index=i)
+            if sp.seed is not None:
+                req.generator = torch.Generator(device=self.device).manual_seed(sp.seed)
+            self.outputs.start(req)
+            self.requests[rid] = req
+            members.append(req)
+        if len(members) > 1:
+            group = SampleGroup(request_id, params, members)
+            for req in members:
+                req.group = group
+            self.groups[request_id] = group
+        self.scheduler.add(members[0])  # the others are forked from it after its prefill
+        return members[0]
 
     def abort_request(self, request_id: str) -> bool:
         """Abort a request; its pages return to the pool. ``False`` if unknown/finished."""
+        group = self.groups.get(request_id)
+        if group is not None:  # every sample of the request
+            for member in group.members:
+                if not member.finished:
+                    self._finish(member, "abort")
+            self.counters["requests_aborted"] += 1
+            self._pending_outputs.extend(self._group_outputs([group]))
+            return True
         req = self.requests.get(request_id)
-        if req is None or req.finished:
+        if req is None or req.finished or req.group is not None:
             return False
         self._finish(req, "abort")
         self.counters["requests_aborted"] += 1
@@ -227,6 +251,18 @@ class LLMEngine:
         self.requests.pop(req.request_id, None)
         if self.shared is not None:
             self.shared.forget(req.request_id)
+        group = req.group
+        if group is not None and req is group.parent:
+            for member in group.unforked:  # they never ran: they end with the parent
+                if not member.finished:
+                    self._finish(member, reason, error)
+        if group is not None and group.finished:
+            self.groups.pop(group.request_id, None)
+            # the group's output carries the parent's metrics: they end with the last sample
+            m = group.parent.metrics
+            m.finished_time = max(x.metrics.finished_time for x in group.members)
+            m.last_token_time = max((x.metrics.last_token_time for x in group.members
+                                     if x.metrics.last_token_time is not None), default=None)
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -251,6 +287,7 @@ class LLMEngine:
             self.tiers.estimates.observe_prefill(time.perf_counter() - t0,
                                                  sum(s.num_tokens for s in plan.scheduled))
         self._publish(plan.scheduled, result)
+        self._fork(result)
         self._send_events()
         return outputs + self._emit(result)
 
@@ -272,7 +309,41 @@ class LLMEngine:
             self.cache.fail_step(s.request.table)
         for s in scheduled:
             self._finish(s.request, "error", f"{type(exc).__name__}: {exc}")
-        return [self.outputs.make_output(s.request) for s in scheduled]
+        return self._outputs([s.request for s in scheduled])
+
+    def _outputs(self, reqs: list[Request]) -> list[RequestOutput]:
+        """One output per request, and one per group for the members of a group."""
+        outputs, groups = [], {}
+        for req in reqs:
+            if req.group is None:
+                outputs.append(self.outputs.make_output(req))
+            else:
+                groups[id(req.group)] = req.group
+        return outputs + self._group_outputs(list(groups.values()))
+
+    def _group_outputs(self, groups: list[SampleGroup]) -> list[RequestOutput]:
+        outs = [self.outputs.make_group_output(g) for g in groups]
+        return [o for o in outs if o is not None]
+
+    def _fork(self, result: StepResult) -> None:
+        """A group's parent completed its prefill in this step: fork the other members
+        from its page table (shared full pages, copied partial page) so they decode from
+        the next step on (``engine/sample_group.py``)."""
+        for s, _, _ in result.sampled:
+            group = s.request.group
+            if group is None or s.request is not group.parent or group.forked:
+                continue
+            group.forked = True
+            if group.params.max_tokens == 0:
+                continue  # prefill only: every member finishes now
+            src: list[int] = []
+            dst: list[int] = []
+            for member in group.members[1:]:
+                for a, b in self.scheduler.fork(group.parent, member):
+                    src.append(a)
+                    dst.append(b)
+            if src:
+                self.runner.kv.copy_pages(src, dst)
 
     def _publish(self, scheduled: list[ScheduledSeq], result: StepResult) -> None:
         """The step completed on the device: commit its KV (publishing full pages)."""
@@ -285,11 +356,14 @@ class LLMEngine:
 
     def _emit(self, result: StepResult) -> list[RequestOutput]:
         """Append the sampled tokens, apply stop conditions, build the outputs."""
-        outputs = []
+        touched: list[Request] = []
         now = self.clock()
         for s, tok, lp in result.sampled:
             req = s.request
-            if not req.prefill_done:
+            if not req.prefill_done and req.index > 0:  # forked: the parent prefilled
+                req.prefill_done = True
+                req.frozen_cached = req.group.parent.frozen_cached
+            elif not req.prefill_done:
                 req.prefill_done = True
                 req.freeze_cached()
                 self.cache.record_query(req.num_prompt_tokens, req.num_cached_tokens,
@@ -302,9 +376,10 @@ class LLMEngine:
                 reason = self.outputs.append_token(req, tok, lp, now)
             if reason is not None:
                 self._finish(req, reason)
-                self.counters["requests_finished"] += 1
-            outputs.append(self.outputs.make_output(req))
-        return outputs
+                if req.group is None or req.group.finished:
+                    self.counters["requests_finished"] += 1
+            touched.append(req)
+        return self._outputs(touched)
 
     def _pin(self, req: Request) -> None:
         """Pin the request's full prompt pages (its prefill just completed). A pin the

@@ -72,6 +72,8 @@ class LLM:
                  use_tqdm: bool = False, pin_ttl_s: float | None = None
                  ) -> list[RequestOutput]:
         """Generate for every prompt, all batched together; outputs in prompt order.
+        With ``n > 1`` (or ``best_of``) an output holds one ``CompletionOutput`` per
+        returned sample (``index`` 0 to ``n - 1``), all from one prefill of the prompt.
 
         Args:
             prompts: strings or ``{"prompt_token_ids": [...]}`` dicts (or one of them).

@@ -201,10 +201,23 @@ class ModelRunner:
 
     def _sample(self, scheduled: list[ScheduledSeq], logits: torch.Tensor, layout: BatchLayout
                 ) -> list[tuple[ScheduledSeq, int, TokenLogprobs | None]]:
-        samplers = [s for s in scheduled if s.samples]
+        samplers: list[ScheduledSeq] = []
+        rows: list[int] = []
+        for s in scheduled:
+            if not s.samples:
+                continue
+            row = layout.sample_rows[s.request.request_id]
+            samplers.append(s)
+            rows.append(row)
+            group = s.request.group
+            if group is not None and s.request is group.parent:
+                # the parent's prefill ends: every member samples its first token from
+                # the same row (engine/sample_group.py)
+                for member in group.unforked:
+                    samplers.append(ScheduledSeq(member, 0, True))
+                    rows.append(row)
         if not samplers:
             return []
-        rows = [layout.sample_rows[s.request.request_id] for s in samplers]
         reqs = [s.request for s in samplers]
         # the usual step's logits hold only sampled rows, in order: no [S, V] copy then
         picked = logits if rows == list(range(logits.shape[0])) else logits[rows]

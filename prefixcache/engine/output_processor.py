@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prefixcache.engine.request import Request
+from prefixcache.engine.sample_group import SampleGroup
 from prefixcache.model.sampler import TokenLogprobs
 from prefixcache.outputs import CompletionOutput, Logprob, RequestOutput
 from prefixcache.text.detokenizer import IncrementalDetokenizer
@@ -123,15 +124,39 @@ class OutputProcessor:
     def make_output(self, req: Request) -> RequestOutput:
         """A snapshot of the request (cumulative text and tokens, as vLLM streams). O(1):
         it shares the request's lists (see :class:`CompletionOutput`)."""
-        comp = CompletionOutput(
-            index=0, text=req.text, token_ids=req.output_token_ids,
-            cumulative_logprob=req.cumulative_logprob, logprobs=req.logprobs,
+        return self._request_output(req, [self._completion(req, 0, True)], req.finished,
+                                    req.error)
+
+    def make_group_output(self, group: SampleGroup) -> RequestOutput | None:
+        """A snapshot of a request with parallel samples: one ``CompletionOutput`` per
+        returned sample, ``index`` in output order; ``finished`` once every sample is.
+        With ``best_of`` only the final output exists (``None`` before): which samples
+        are returned is known only then. Its samples carry token logprobs only if the
+        caller asked for them (``cumulative_logprob`` always)."""
+        if group.ranked and not group.finished:
+            return None
+        keep_lps = group.params.logprobs is not None
+        comps = [self._completion(m, i if group.ranked else m.index, keep_lps)
+                 for i, m in enumerate(group.returned())]
+        error = next((m.error for m in group.members if m.error is not None), None)
+        return self._request_output(group.parent, comps, group.finished, error,
+                                    request_id=group.request_id)
+
+    @staticmethod
+    def _completion(req: Request, index: int, keep_lps: bool) -> CompletionOutput:
+        return CompletionOutput(
+            index=index, text=req.text, token_ids=req.output_token_ids,
+            cumulative_logprob=req.cumulative_logprob,
+            logprobs=req.logprobs if keep_lps else None,
             finish_reason=req.finish_reason, stop_reason=req.stop_reason,
             num_tokens=len(req.output_token_ids))
+
+    def _request_output(self, req: Request, comps: list[CompletionOutput], finished: bool,
+                        error: str | None, request_id: str | None = None) -> RequestOutput:
         return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids, outputs=[comp], finished=req.finished,
-            num_cached_tokens=req.num_cached_tokens, metrics=req.metrics, error=req.error,
+            request_id=request_id or req.request_id, prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids, outputs=comps, finished=finished,
+            num_cached_tokens=req.num_cached_tokens, metrics=req.metrics, error=error,
             prompt_logprobs=req.prompt_logprobs or None, extra=self._pin_extra(req))
 
     @staticmethod

@@ -58,6 +58,8 @@ class Request:
     detokenizer: Any = None
     metrics: RequestMetrics = None  # type: ignore[assignment]
     admit_seq: int = 0           # order of (re-)admission, for preemption victims
+    group: Any = None            # engine.sample_group.SampleGroup of an n > 1 request
+    index: int = 0               # this request's sample index in its group
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -82,6 +82,30 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
 
+    def fork(self, parent: Request, child: Request) -> list[tuple[int, int]]:
+        """Queue ``child``, a parallel sample of ``parent`` whose prefill just completed
+        (``engine/sample_group.py``), with a page table forked from the parent's
+        (:meth:`KVCacheManager.fork`): it runs from the next step on, admitted after
+        every running request (the first preemption victim). Returns the page pairs
+        the caller copies (source, destination). Without pages for the fork, or with
+        ``max_num_seqs`` requests running, it waits at the head of the queue instead and
+        recomputes its partial page from the cache when admitted (no pairs then)."""
+        self._new_page_table(child)
+        copies = None
+        if len(self.running) < self.config.max_num_seqs:
+            copies = self.cache.fork(parent.table, child.table)
+        if copies is None:
+            child.status = RequestStatus.WAITING
+            self.waiting.insert(0, child)
+            return []
+        child.status = RequestStatus.RUNNING
+        self.running[child.request_id] = child
+        self._admit_counter += 1
+        child.admit_seq = self._admit_counter
+        if child.metrics.first_scheduled_time is None:
+            child.metrics.first_scheduled_time = self.clock()
+        return copies
+
     def _new_page_table(self, req: Request) -> None:
         req.page_table = self.cache.new_page_table(
             req.request_id, req.all_token_ids, tenant=req.tenant, cache_salt=req.cache_salt,

@@ -6,7 +6,8 @@ Which page belongs to whom is decided by ``prefixcache.cache``; this module only
 the tensors, and one reused scratch buffer that attention gathers pages into (K and V of
 the most pages one layer of a step gathered, rounded up to a power of two).
 :meth:`KVPool.export_pages` / :meth:`KVPool.import_pages` are the one way page contents
-leave and enter the pool (the KV tiers below it).
+leave and enter the pool (the KV tiers below it); :meth:`KVPool.copy_pages` copies pages
+inside it.
 """
 from __future__ import annotations
 
@@ -72,6 +73,22 @@ class KVPool:
         for layer, (kh, vh) in enumerate(zip(self.k, self.v)):
             kh.index_copy_(0, idx, data[:, 0, layer])
             vh.index_copy_(0, idx, data[:, 1, layer])
+
+    def copy_pages(self, src: list[int], dst: list[int]) -> None:
+        """Copy the contents of pages ``src[i]`` into pages ``dst[i]`` on the pool's
+        device, every layer, K and V (copy on write of a shared partial page: the
+        parallel samples of one prompt). Queued on the current stream, so it runs
+        before any later step reads or writes those pages.
+
+        Raises:
+            ValueError: the lists differ in length, hold a bad id, or overlap."""
+        if len(src) != len(dst) or set(src) & set(dst):
+            raise ValueError(f"copy_pages: need equally long, disjoint src and dst, got "
+                             f"{src} and {dst}")
+        s, d = self._index(src), self._index(dst)
+        for kh, vh in zip(self.k, self.v):
+            kh.index_copy_(0, d, kh.index_select(0, s))
+            vh.index_copy_(0, d, vh.index_select(0, s))
 
     def _index(self, page_ids: list[int]) -> torch.Tensor:
         if not page_ids or min(page_ids) < 0 or max(page_ids) >= self.num_pages:

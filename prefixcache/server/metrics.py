@@ -56,6 +56,10 @@ ENGINE_COUNTERS = (
      "published_pages"),
     ("prefix_cache_reset_dropped_pages", "Cached pages dropped by /reset_prefix_cache, "
      "pages.", "reset_dropped_pages"),
+    ("kv_fork_shared_pages", "Prompt pages the parallel samples of a request (n > 1, "
+     "best_of) share instead of computing or copying them, pages.", "fork_shared_pages"),
+    ("kv_fork_copied_pages", "Pages copied for parallel samples (the prompt's partial last "
+     "page, or a full page that is not published), pages.", "fork_copied_pages"),
     ("kv_pins_made", "Pins made (created, not refreshed).", "pins_created"),
     ("kv_pins_refused", "Pins refused by the pin cap.", "pins_refused"),
     ("kv_pins_expired", "Pins whose TTL ran out.", "pins_expired"),
@@ -286,7 +290,7 @@ class ServerMetrics:
                 reason = "error"
             self._t(self.finished, tenant, reason).inc()
             self._t(self.prompt_tokens, tenant).inc(len(out.prompt_token_ids))
-            self._t(self.generation_tokens, tenant).inc(n)
+            self._t(self.generation_tokens, tenant).inc(sum(c.num_tokens for c in out.outputs))
             if m is not None and m.finished_time is not None:
                 self.e2e.observe(max(0.0, m.finished_time - m.arrival_time))
 

@@ -39,7 +39,7 @@ IGNORED_FIELDS = {
 # ``tool_choice`` "auto"/"none" is accepted; the template sees ``tools`` but the reply is
 # returned as text (no tool-call parsing). Fields rejected when set to a value we cannot
 # honour: see ``check_unsupported``.
-UNSUPPORTED = ("best_of > 1", "suffix", "logit_bias (non-empty)", "echo with logprobs",
+UNSUPPORTED = ("best_of > 1 with stream", "suffix", "logit_bias (non-empty)", "echo with logprobs",
                "response_format other than text", "tool_choice 'required' or a named "
                "function", "modalities other than ['text']", "audio",
                "non-text message content parts")
@@ -197,8 +197,9 @@ def check_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
         raise bad_request(f"cache_salt must be a non-empty string of at most "
                           f"{MAX_CACHE_SALT_CHARS} characters", "cache_salt")
     if isinstance(req, CompletionRequest):
-        if req.best_of is not None and req.best_of != 1:
-            raise bad_request("only best_of=1 is supported", "best_of")
+        if req.stream and req.best_of is not None and req.best_of > 1:
+            raise bad_request("best_of cannot be used with stream (which samples are "
+                              "returned is known only when all finished)", "best_of")
         if req.suffix:
             raise bad_request("suffix is not supported", "suffix")
         if req.echo and req.logprobs is not None:

@@ -166,6 +166,7 @@ class RequestPreparer:
             max_tokens, logprobs = req.max_tokens, req.logprobs
         kw: dict[str, Any] = dict(
             n=1 if req.n is None else req.n,
+            best_of=req.best_of if isinstance(req, CompletionRequest) else None,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=0 if req.top_k is None else req.top_k,

@@ -10,6 +10,10 @@ events, one chunk per engine output. Streams end with ``data: [DONE]``; with
 final before the first token (chunks are only sent from the first token on), so every
 usage object of a request carries the same value.
 
+With ``n`` samples per prompt (``best_of`` too), prompt ``p``'s sample ``j`` is choice
+``p * n + j``, as in OpenAI's API; usage counts each prompt (and its cached tokens)
+once and sums the completion tokens of every returned sample.
+
 Stop strings: while a request runs, text that could be the beginning of a stop string
 is held back (the last ``len(longest stop) - 1`` characters), so a streamed client
 never receives text that the final answer cuts away.
@@ -27,7 +31,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from prefixcache.outputs import Logprob, RequestOutput
+from prefixcache.outputs import CompletionOutput, Logprob, RequestOutput
 from prefixcache.sampling_params import SamplingParams
 from prefixcache.server.drain import ShuttingDown
 from prefixcache.server.errors import SERVER_ERROR
@@ -70,12 +74,11 @@ class ResponseRenderer:
     def body(self, prep: Prepared, finals: dict[int, RequestOutput]) -> dict[str, Any]:
         """The JSON body of a non-streaming request, from its final outputs by index."""
         choices = []
-        for idx in sorted(finals):
-            out = finals[idx]
-            comp = out.outputs[0]
+        for idx, _, comp in _choices(finals):
+            cidx = idx * prep.params.n + comp.index
             if prep.kind == "chat":
                 choices.append({
-                    "index": idx,
+                    "index": cidx,
                     "message": {"role": "assistant", "content": comp.text},
                     "logprobs": (self._chat_logprobs(comp.token_ids, comp.logprobs, prep.logprobs)
                                  if prep.logprobs is not None else None),
@@ -83,7 +86,7 @@ class ResponseRenderer:
             else:
                 prefix = (prep.prompts[idx][1] or "") if prep.echo else ""
                 choices.append({
-                    "index": idx, "text": prefix + comp.text,
+                    "index": cidx, "text": prefix + comp.text,
                     "logprobs": (self._completion_logprobs(comp.token_ids, comp.logprobs, 0)
                                  if prep.logprobs is not None else None),
                     "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason})
@@ -102,14 +105,14 @@ class ResponseRenderer:
         head = {"id": prep.request_id,
                 "object": "chat.completion.chunk" if prep.kind == "chat" else "text_completion",
                 "created": int(time.time()), "model": prep.model}
-        sent: dict[int, tuple[int, int]] = {}   # index -> (tokens, characters) sent
+        sent: dict[int, tuple[int, int, bool]] = {}  # choice -> (tokens, chars, finished)
         latest_out: dict[int, RequestOutput] = {}
         try:
             async with aclosing(updates) as it:  # type: ignore[type-var]
                 async for latest in it:
-                    for idx in sorted(latest):
-                        latest_out[idx] = latest[idx]
-                        for chunk in self._chunks(prep, head, idx, latest[idx], sent):
+                    latest_out.update(latest)
+                    for idx, out, comp in _choices(latest):
+                        for chunk in self._chunks(prep, head, idx, out, comp, sent):
                             yield _sse(chunk)
             if prep.include_usage:
                 yield _sse({**head, "choices": [], "usage": _usage(latest_out.values())})
@@ -120,42 +123,46 @@ class ResponseRenderer:
         yield "data: [DONE]\n\n"
 
     def _chunks(self, prep: Prepared, head: dict, idx: int, out: RequestOutput,
-                sent: dict[int, tuple[int, int]]) -> list[dict]:
-        """The chunks that bring choice ``idx`` up to ``out`` (none while nothing new may
-        be shown); records what they send in ``sent``. Raises EngineFailure."""
-        comp = out.outputs[0]
+                comp: CompletionOutput, sent: dict[int, tuple[int, int, bool]]) -> list[dict]:
+        """The chunks that bring prompt ``idx``'s sample ``comp`` up to date (none while
+        nothing new may be shown); records what they send in ``sent``. Raises
+        EngineFailure."""
         if comp.finish_reason == "error":
             raise EngineFailure(out.error or "the engine failed this request")
-        chat, first = prep.kind == "chat", idx not in sent
-        n0, t0 = sent.get(idx, (0, 0))
+        cidx = idx * prep.params.n + comp.index
+        chat, first = prep.kind == "chat", cidx not in sent
+        n0, t0, was_done = sent.get(cidx, (0, 0, False))
+        done = comp.finish_reason is not None
+        if was_done:
+            return []  # a finished sample of a request whose other samples still run
         hold = max((len(s) for s in prep.params.stop or ()), default=1) - 1
         text = comp.text
-        visible = text if out.finished or hold == 0 else text[:max(t0, len(text) - hold)]
+        visible = text if done or hold == 0 else text[:max(t0, len(text) - hold)]
         delta, new_ids = visible[t0:], comp.token_ids_from(n0)
-        if not new_ids and not delta and not out.finished:
+        if not new_ids and not delta and not done:
             return []
-        sent[idx] = (comp.num_tokens, max(t0, len(visible)))
+        sent[cidx] = (comp.num_tokens, max(t0, len(visible)), done)
         usage = _usage([out]) if prep.continuous_usage else None
         chunks = []
         if chat and first:  # the role chunk carries no token yet
             role_usage = usage and {**usage, "completion_tokens": 0,
                                     "total_tokens": usage["prompt_tokens"]}
             chunks.append(self._chunk(head, prep, {
-                "index": idx, "delta": {"role": "assistant", "content": ""},
+                "index": cidx, "delta": {"role": "assistant", "content": ""},
                 "logprobs": None, "finish_reason": None}, role_usage))
         lp = None
         new_lps = comp.logprobs_from(n0) if prep.logprobs is not None else None
         if new_lps is not None:
             lp = (self._chat_logprobs(new_ids, new_lps, prep.logprobs) if chat
                   else self._completion_logprobs(new_ids, new_lps, t0))
-        finish = comp.finish_reason if out.finished else None
+        finish = comp.finish_reason if done else None
         if chat:
-            choice = {"index": idx, "delta": {"content": delta} if delta or not finish else {},
+            choice = {"index": cidx, "delta": {"content": delta} if delta or not finish else {},
                       "logprobs": lp, "finish_reason": finish}
         else:
             if first and prep.echo:
                 delta = (prep.prompts[idx][1] or "") + delta
-            choice = {"index": idx, "text": delta, "logprobs": lp, "finish_reason": finish}
+            choice = {"index": cidx, "text": delta, "logprobs": lp, "finish_reason": finish}
         if finish is not None:
             choice["stop_reason"] = comp.stop_reason
         chunks.append(self._chunk(head, prep, choice, usage))
@@ -206,11 +213,19 @@ class ResponseRenderer:
 
 
 
+def _choices(outputs: dict[int, RequestOutput]
+             ) -> list[tuple[int, RequestOutput, CompletionOutput]]:
+    """``(prompt index, output, sample)`` in choice order."""
+    return [(idx, outputs[idx], comp) for idx in sorted(outputs)
+            for comp in sorted(outputs[idx].outputs, key=lambda c: c.index)]
+
+
 def _usage(outputs: Any) -> dict[str, Any]:
+    """Each prompt and its cached tokens once; completion tokens of every sample."""
     prompt = completion = cached = 0
     for out in outputs:
         prompt += len(out.prompt_token_ids)
-        completion += out.outputs[0].num_tokens if out.outputs else 0
+        completion += sum(c.num_tokens for c in out.outputs)
         cached += out.num_cached_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,

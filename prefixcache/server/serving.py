@@ -183,7 +183,7 @@ class OpenAIServing:
             async for latest in it:
                 finals.update(latest)
         for out in finals.values():
-            if out.outputs and out.outputs[0].finish_reason == "error":
+            if any(c.finish_reason == "error" for c in out.outputs):
                 raise EngineFailure(out.error or "the engine failed this request")
         return finals
 

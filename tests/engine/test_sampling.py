@@ -125,7 +125,8 @@ def test_prompt_logprobs_do_not_read_the_cache_but_publish(llm, llama):
 
 @pytest.mark.parametrize("kw,param", [
     (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
-    (dict(max_tokens=-1), "max_tokens"), (dict(n=2), "n"),
+    (dict(max_tokens=-1), "max_tokens"), (dict(n=0), "n"), (dict(n=129), "n"),
+    (dict(n=3, best_of=2), "best_of"), (dict(best_of=129), "best_of"), (dict(n=True), "n"),
     (dict(stop=[f"x{i}" for i in range(17)]), "stop"),  # 17 distinct (duplicates fold)
     (dict(logprobs=21), "logprobs"), (dict(top_k=-2), "top_k"),
     (dict(temperature=float("inf")), "temperature"), (dict(top_p=float("nan")), "top_p"),

@@ -41,3 +41,25 @@ def test_bad_arguments_name_the_parameter():
         p.import_pages([0], torch.zeros(2, *p.page_shape))
     with pytest.raises(ValueError, match="data"):
         p.import_pages([0], torch.zeros(1, *p.page_shape, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copy_pages_copies_every_layer_and_nothing_else(dtype):
+    p = pool(dtype)
+    before = [t.clone() for t in p.k + p.v]
+    p.copy_pages([1, 4], [3, 0])
+    for layer in range(3):
+        for t, old in ((p.k[layer], before[layer]), (p.v[layer], before[3 + layer])):
+            assert torch.equal(t[3], old[1]) and torch.equal(t[0], old[4])
+            for page in (1, 2, 4, 5):
+                assert torch.equal(t[page], old[page])
+
+
+def test_copy_pages_refuses_bad_pairs():
+    p = pool()
+    with pytest.raises(ValueError, match="copy_pages"):
+        p.copy_pages([1, 2], [3])
+    with pytest.raises(ValueError, match="copy_pages"):
+        p.copy_pages([1, 2], [2, 3])  # overlapping: the result would depend on the order
+    with pytest.raises(ValueError, match="page_ids"):
+        p.copy_pages([1], [6])
