@@ -3,7 +3,6 @@ replay, and a new incarnation per engine."""
 from __future__ import annotations
 
 import socket
-import time
 
 import msgpack
 import pytest
@@ -14,6 +13,7 @@ from prefixcache.cache.hashing import PageHasher, tokens_to_bytes
 from prefixcache.engine.llm import LLM
 from prefixcache.router.event_stream import EventSubscriber, decode_batch
 from prefixcache.sampling_params import SamplingParams
+from tests.helpers.wait import DEADLINE_S, wait_until
 
 BS = 16
 
@@ -54,15 +54,56 @@ def test_event_log_merges_a_chain_and_collapses_when_full():
         CacheEventLog(BS, max_events=0)
 
 
-def _recv_all(sub: zmq.Socket, until, timeout=10.0) -> list[tuple[bytes, int, bytes]]:
+def _recv_all(sub: zmq.Socket, until) -> list[tuple[bytes, int, bytes]]:
+    """Messages received until ``until(messages so far)`` holds."""
     got: list[tuple[bytes, int, bytes]] = []
-    t0 = time.monotonic()
-    while not until(got):
-        assert time.monotonic() - t0 < timeout, f"events so far: {len(got)}"
+
+    def done() -> bool:
         if sub.poll(100):
             topic, seq, payload = sub.recv_multipart()
             got.append((topic, int.from_bytes(seq, "big"), payload))
+        return until(got)
+
+    wait_until(done, lambda: f"KV events (got {len(got)})", poll_s=0)
     return got
+
+
+def _prompt(k: int, pages: int) -> list[int]:
+    """The ``k``-th of distinct prompts of ``pages`` full pages and one more token."""
+    return [k // 250 % 250 + 5, k % 250 + 5] + [(7 * i) % 250 + 5 for i in range(pages * BS - 1)]
+
+
+def _stored_pages(applied: list[tuple[str, int]]) -> int:
+    return sum(n for kind, n in applied if kind == "stored")
+
+
+def _released(endpoint: str) -> bool:
+    """The endpoint's TCP port can be bound again (its old socket is closed)."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds
+        try:
+            s.bind((host, int(port)))
+        except OSError:
+            return False
+    return True
+
+
+def _join(sub: zmq.Socket, llm: LLM) -> None:
+    """Wait until ``sub`` receives what ``llm`` publishes. A PUB socket drops what it sends
+    before a subscription reaches it, so probe pages (stored, then dropped by a reset) are
+    published until one arrives."""
+    probes = iter(range(1_000_000))
+
+    def probe() -> bool:
+        if sub.poll(0):
+            return True
+        llm.generate([{"prompt_token_ids": _prompt(next(probes), 1)}],
+                     SamplingParams(max_tokens=1))
+        llm.reset_prefix_cache()
+        return False
+
+    wait_until(probe, "the subscriber to receive the engine's events", poll_s=0.05)
 
 
 def test_engine_publishes_vllm_schema_with_our_page_hashes():
@@ -72,11 +113,15 @@ def test_engine_publishes_vllm_schema_with_our_page_hashes():
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(ep)
-    time.sleep(0.3)  # PUB/SUB: a subscriber sees only what is sent after it joined
     try:
+        _join(sub, llm)  # PUB/SUB: a subscriber sees only what is sent after it joined
         ids = list(range(5, 5 + 3 * BS + 3))
+        chain = _chain(ids, llm.engine.fingerprint)
         llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))
-        got = _recv_all(sub, lambda g: any(b"BlockStored" in p for _, _, p in g))
+        # skips what is left of the probes: the batch that stores this prompt's pages
+        got = _recv_all(sub, lambda g: bool(g) and any(
+            e["type"] == "BlockStored" and e["block_hashes"] == chain
+            for e in msgpack.unpackb(g[-1][2])["events"]))
         topic, seq, payload = got[-1]
         assert topic == f"kv@{llm.engine.kv_events.incarnation}@builtin:tiny".encode()
         batch = msgpack.unpackb(payload, raw=False)
@@ -97,7 +142,7 @@ def test_engine_publishes_vllm_schema_with_our_page_hashes():
         assert got[-1][1] == seq + 1  # consecutive sequence numbers
         # the replay socket returns the whole history, first the incarnation's clear
         dealer = zmq.Context.instance().socket(zmq.DEALER)
-        dealer.setsockopt(zmq.RCVTIMEO, 5000)
+        dealer.setsockopt(zmq.RCVTIMEO, int(DEADLINE_S * 1000))
         dealer.connect(rep)
         dealer.send_multipart((b"", (0).to_bytes(8, "big")))
         replayed = []
@@ -120,36 +165,49 @@ def test_subscriber_detects_restart_and_fills_gaps_from_replay():
     applied: list[tuple[str, int]] = []
     llm = LLM("builtin:tiny", num_pages=64, kv_events_endpoint=ep,
               kv_events_replay_endpoint=rep)
-    sub = EventSubscriber(ep, rep, lambda kind, hs: applied.append((kind, len(hs))))
+    sub = EventSubscriber(ep, rep, lambda kind, hs: applied.append((kind, len(hs))),
+                          replay_timeout_s=DEADLINE_S)
     sub.start()
-    sub.ready.wait(5)
-    time.sleep(0.3)
+    assert sub.ready.wait(DEADLINE_S)
+    sent = 0
+
+    def send() -> None:  # a fresh prompt of two full pages: one batch of 2 stored pages
+        nonlocal sent
+        llm.generate([{"prompt_token_ids": _prompt(sent, 2)}], SamplingParams(max_tokens=1))
+        sent += 1
+
+    def joined(seen) -> bool:
+        """``seen()`` holds, or one more prompt is sent: the SUB socket gets only what is
+        sent after it (re)connected, which takes a while."""
+        if seen():
+            return True
+        send()
+        return False
+
     try:
-        for k in range(3):
-            ids = list(range(100 * k + 1, 100 * k + 1 + 2 * BS + 1))
-            llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))
-        t0 = time.monotonic()
-        while sum(n for kind, n in applied if kind == "stored") < 6:
-            assert time.monotonic() - t0 < 10, applied
-            time.sleep(0.05)
+        for _ in range(3):
+            send()
+        wait_until(lambda: joined(lambda: _stored_pages(applied) > 0), "the first events")
+        wait_until(lambda: _stored_pages(applied) == 2 * sent, lambda: f"{2 * sent} pages: "
+                   f"{applied}")
         # The subscriber joined after seq 0 (the incarnation's clear): it replayed it.
         assert applied[0] == ("cleared", 0)
         assert sub.stream.unfilled == 0 and sub.stream.restarts == 0
         first = sub.stream.incarnation
         llm.engine.close()
+        wait_until(lambda: _released(ep) and _released(rep), "the old endpoints released")
+        applied.clear()
+        sent = 0
         llm = LLM("builtin:tiny", num_pages=64, kv_events_endpoint=ep,
                   kv_events_replay_endpoint=rep)
-        time.sleep(0.5)  # the SUB socket reconnects; the new incarnation's seq 0 is missed
-        applied.clear()
-        llm.generate([{"prompt_token_ids": list(range(1, 2 * BS + 2))}],
-                     SamplingParams(max_tokens=1))
-        t0 = time.monotonic()
-        while ("stored", 2) not in applied:
-            assert time.monotonic() - t0 < 10, applied
-            time.sleep(0.05)
-        assert sub.stream.restarts == 1 and sub.stream.incarnation != first
+        # whether the new incarnation's seq 0 reaches the reconnecting SUB socket or is
+        # replayed, the subscriber clears first
+        wait_until(lambda: joined(lambda: sub.stream.incarnation != first), "the new events")
+        wait_until(lambda: _stored_pages(applied) == 2 * sent, lambda: f"{2 * sent} pages: "
+                   f"{applied}")
+        assert sub.stream.restarts == 1
         assert applied[0] == ("cleared", 0)  # everything of the old incarnation dropped
-        assert sub.stream.last_seq == 1 and sub.stream.unfilled == 0
+        assert sub.stream.last_seq == sent and sub.stream.unfilled == 0
     finally:
         sub.close()
         llm.engine.close()

@@ -3,10 +3,10 @@ usage passed through, streaming, tenants, and the failure answers."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 
+from tests.helpers.wait import wait_until
 from tests.router.conftest import RouterThread
 from tests.server.live import expected_hit, free_port, labelled, unique_prompt
 
@@ -32,14 +32,13 @@ def _metrics(router) -> dict[str, float]:
 def _wait_confirmed(router, replica: int, hashes: list[bytes]) -> None:
     """Wait until the replica's KV events confirmed these pages in the index."""
     idx = router.replicas.index
-    t0 = time.monotonic()
-    while True:
+
+    def confirmed() -> bool:
         with router.replicas.lock:
             holders = [idx._entries.get(h, {}).get(replica) for h in hashes]
-        if all(e is not None and e[1] == float("inf") for e in holders):
-            return
-        assert time.monotonic() - t0 < 10, "KV events did not arrive"
-        time.sleep(0.05)
+        return all(e is not None and e[1] == float("inf") for e in holders)
+
+    wait_until(confirmed, "the replica's KV events confirming its pages")
 
 
 def test_a_repeat_goes_where_its_pages_are_and_reports_the_replicas_cached_tokens(router):
