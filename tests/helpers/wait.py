@@ -49,3 +49,20 @@ def wait_until(condition: Callable[[], T], what: str | Callable[[], str], *,
             said = what() if callable(what) else what
             raise AssertionError(f"waited {deadline_s:g} s for {said}; last seen: {last!r}")
         time.sleep(poll_s)
+
+
+def holds_for(condition: Callable[[], object], what: str, seconds: float, *,
+              poll_s: float = 0.2) -> None:
+    """Check that ``condition()`` stays truthy for ``seconds``: an absence ("no 500 is
+    counted"), which only a window can show. A loaded machine checks it less often but
+    never makes a correct program fail it.
+
+    Raises:
+        AssertionError: ``condition()`` was falsy; the message names ``what``.
+    """
+    end = time.monotonic() + seconds
+    while True:
+        assert condition(), f"{what} did not hold"
+        if time.monotonic() > end:
+            return
+        time.sleep(poll_s)

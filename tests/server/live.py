@@ -67,7 +67,7 @@ class LiveServer:
         def healthy() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log()}")
-            return httpx.get(self.base + "/health", timeout=10).status_code == 200
+            return httpx.get(self.base + "/health", timeout=30).status_code == 200
 
         try:
             wait_until(healthy, f"{self.base}/health", deadline_s=timeout, poll_s=0.2,

@@ -68,7 +68,7 @@ class FakeEngine:
         if not self.reqs:
             return outs
         self.steps += 1
-        time.sleep(0.001)
+        time.sleep(0.001)  # behaviour: a step takes time
         if self.fail_next:
             self.fail_next -= 1
             raise RuntimeError("boom")
