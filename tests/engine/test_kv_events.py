@@ -202,6 +202,7 @@ def test_subscriber_detects_restart_and_fills_gaps_from_replay():
                   kv_events_replay_endpoint=rep)
         # whether the new incarnation's seq 0 reaches the reconnecting SUB socket or is
         # replayed, the subscriber clears first
+        send()
         wait_until(lambda: joined(lambda: sub.stream.incarnation != first), "the new events")
         wait_until(lambda: _stored_pages(applied) == 2 * sent, lambda: f"{2 * sent} pages: "
                    f"{applied}")
