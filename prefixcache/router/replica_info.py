@@ -150,7 +150,7 @@ def fetch_all(urls: Sequence[str], key: str | None, wait_s: float,
         while True:
             for i, url in enumerate(urls):
                 if i not in got:
-                    info = fetch(client, url, key, timeout_s=max(1.0, min(5.0, wait_s)))
+                    info = fetch(client, url, key, timeout_s=max(5.0, min(30.0, wait_s)))
                     if info is not None:
                         got[i] = info
             if len(got) == len(urls) or time.monotonic() >= deadline:

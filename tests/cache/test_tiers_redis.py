@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 import redis
@@ -15,9 +14,11 @@ from helpers.redis_server import RedisServer
 from prefixcache.cache.tiers.base import Tier
 from prefixcache.cache.tiers.format import PageGroup
 from prefixcache.cache.tiers.redis_store import KEY_VERSION, RedisTier
+from tests.helpers.wait import wait_until
 
 FP = b"\x01" * 16
 BS = 4
+BUDGET_S = 10.0  # a call's time budget no loaded machine reaches (a stalled Redis does)
 SHAPE = (2, 1, BS, 1, 2)  # one page's payload: 16 float32
 
 
@@ -32,7 +33,7 @@ def _group(hashes: list[bytes], fill: int = 0) -> PageGroup:
 def tier(redis_server):
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
-    t = RedisTier(redis_server.url, FP)
+    t = RedisTier(redis_server.url, FP, timeout_s=BUDGET_S)
     yield t
     t.close()
     client.close()
@@ -73,10 +74,11 @@ def test_set_nx_with_ttl_and_lookups_never_extend_it(tier):
     key = tier.key(h)
     ttl = tier.client.pttl(key)
     assert 0 < ttl <= 3600 * 1000
-    time.sleep(0.05)
+    wait_until(lambda: tier.client.pttl(key) < ttl, "the TTL to count down")
+    left = tier.client.pttl(key)
     tier.lookup_run([h])
     tier.get([h])
-    assert tier.client.pttl(key) < ttl  # only SET sets a TTL
+    assert tier.client.pttl(key) <= left  # only SET sets a TTL
 
 
 def test_corrupt_and_foreign_values_are_misses_deleted_and_counted(tier):
@@ -90,7 +92,7 @@ def test_corrupt_and_foreign_values_are_misses_deleted_and_counted(tier):
     tier.client.set(tier.key(b), tier.client.get(tier.key(b))[:-3])  # truncated
     assert tier.get([b]) is None and tier.stats().corrupt == 2
     # a value written under other weights or layout (another fingerprint) is a miss
-    other = RedisTier(tier.url, b"\x02" * 16)
+    other = RedisTier(tier.url, b"\x02" * 16, timeout_s=BUDGET_S)
     c = _h(3)
     tier.client.set(other.key(c), tier.client.get(tier.key(c)) or b"")
     other.put(PageGroup(b"\x02" * 16, (c,), ((0, 1, 2, 3),), "float32", SHAPE, bytes(64)))
@@ -175,12 +177,15 @@ def test_writes_to_a_read_only_replica_are_counted_per_page(redis_server, tmp_pa
 
 
 def test_compute_lock_is_exclusive_and_expires(tier):
-    other = RedisTier(tier.url, FP)
+    other = RedisTier(tier.url, FP, timeout_s=BUDGET_S)
     h = _h(9)
-    assert tier.try_lock(h, 200) is True
+    # a minute: a loaded machine cannot let it lapse between the two calls
+    assert tier.try_lock(h, 60_000) is True
     assert other.try_lock(h, 200) is False and other.locked(h)
-    time.sleep(0.3)
-    assert not other.locked(h) and other.try_lock(h, 200) is True
+    assert 0 < tier.client.pttl(tier.lock_key(h)) <= 60_000  # it lapses on its own
+    tier.client.pexpire(tier.lock_key(h), 1)  # the minute passes
+    wait_until(lambda: not other.locked(h), "the lock to lapse")
+    assert other.try_lock(h, 200) is True
     assert (tier.lock_acquired, other.lock_contended, other.lock_acquired) == (1, 1, 1)
     other.close()
 
@@ -207,8 +212,9 @@ def test_redis_down_degrades_without_raising():
 
 
 def test_a_slow_redis_costs_one_time_budget(tier, redis_server):
-    slow = RedisTier(redis_server.url, FP, timeout_s=0.1)
+    slow = RedisTier(redis_server.url, FP, timeout_s=2.0)
     slow.lookup_run([_h(1)])  # connect first
+    assert not slow.degraded
     os.kill(redis_server.proc.pid, signal.SIGSTOP)  # the server stalls
     try:
         assert slow.lookup_run([_h(1)]) == 0  # times out after its budget

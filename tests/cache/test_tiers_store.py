@@ -12,6 +12,7 @@ from prefixcache.cache.tiers.format import PageGroup, encode
 from prefixcache.cache.tiers.host_tier import HostTier
 from prefixcache.cache.tiers.store_queue import StoreQueue
 from prefixcache.cache.tiers.tier_io import FaultyIO, TierIO
+from tests.helpers.wait import DEADLINE_S
 
 FP = b"fp"
 SHAPE = (2, 2, 4)  # 16 float32 = 64 bytes per page
@@ -118,17 +119,17 @@ def test_concurrent_store_and_lookup_never_sees_partial(tmp_path: Path) -> None:
         def _write(self, f: object, data: bytes) -> None:
             f.write(data[:10])  # type: ignore[attr-defined]
             started.set()
-            release.wait(5)
+            release.wait(DEADLINE_S)
             f.write(data[10:])  # type: ignore[attr-defined]
 
     t = DiskTier(tmp_path, 1 << 20, FP, io=SlowIO())
     th = threading.Thread(target=t.put, args=(grp(1),))
     th.start()
-    assert started.wait(5)
+    assert started.wait(DEADLINE_S)
     assert t.lookup_run([h(1)]) == 0 and t.get([h(1)]) is None
     assert not list(tmp_path.glob("*.kvpg"))  # only the temporary name exists
     release.set()
-    th.join(5)
+    th.join(DEADLINE_S)
     g = t.get([h(1)])
     assert g is not None and g.payload == bytes([1]) * 64
 
@@ -138,7 +139,7 @@ def test_store_queue_drops_when_full_and_flushes(tmp_path: Path) -> None:
 
     class Blocking(HostTier):
         def put(self, group: PageGroup) -> bool:
-            gate.wait(5)
+            gate.wait(DEADLINE_S)
             return super().put(group)
 
     host = Blocking(1 << 20)

@@ -3,7 +3,6 @@ replay, and a new incarnation per engine."""
 from __future__ import annotations
 
 import socket
-import time
 
 import msgpack
 import pytest
@@ -14,6 +13,7 @@ from prefixcache.cache.hashing import PageHasher, tokens_to_bytes
 from prefixcache.engine.llm import LLM
 from prefixcache.router.event_stream import EventSubscriber, decode_batch
 from prefixcache.sampling_params import SamplingParams
+from tests.helpers.wait import DEADLINE_S, wait_until
 
 BS = 16
 
@@ -54,14 +54,17 @@ def test_event_log_merges_a_chain_and_collapses_when_full():
         CacheEventLog(BS, max_events=0)
 
 
-def _recv_all(sub: zmq.Socket, until, timeout=10.0) -> list[tuple[bytes, int, bytes]]:
+def _recv_all(sub: zmq.Socket, until) -> list[tuple[bytes, int, bytes]]:
+    """Messages received until ``until(messages so far)`` holds."""
     got: list[tuple[bytes, int, bytes]] = []
-    t0 = time.monotonic()
-    while not until(got):
-        assert time.monotonic() - t0 < timeout, f"events so far: {len(got)}"
+
+    def done() -> bool:
         if sub.poll(100):
             topic, seq, payload = sub.recv_multipart()
             got.append((topic, int.from_bytes(seq, "big"), payload))
+        return until(got)
+
+    wait_until(done, lambda: f"KV events (got {len(got)})", poll_s=0)
     return got
 
 
@@ -78,8 +81,12 @@ def test_engine_publishes_vllm_schema_with_our_page_hashes():
         assert hello[0][0] == f"kv@{llm.engine.kv_events.incarnation}@builtin:tiny".encode()
         assert hello[0][1] == 0 and decode_batch(hello[0][2]).events == [("cleared", [])]
         ids = list(range(5, 5 + 3 * BS + 3))
+        chain = _chain(ids, llm.engine.fingerprint)
         llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))
-        got = _recv_all(sub, lambda g: any(b"BlockStored" in p for _, _, p in g))
+        # skips what is left of the probes: the batch that stores this prompt's pages
+        got = _recv_all(sub, lambda g: bool(g) and any(
+            e["type"] == "BlockStored" and e["block_hashes"] == chain
+            for e in msgpack.unpackb(g[-1][2])["events"]))
         topic, seq, payload = got[-1]
         assert topic == f"kv@{llm.engine.kv_events.incarnation}@builtin:tiny".encode()
         batch = msgpack.unpackb(payload, raw=False)
@@ -100,7 +107,7 @@ def test_engine_publishes_vllm_schema_with_our_page_hashes():
         assert got[-1][1] == seq + 1  # consecutive sequence numbers
         # the replay socket returns the whole history, first the incarnation's clear
         dealer = zmq.Context.instance().socket(zmq.DEALER)
-        dealer.setsockopt(zmq.RCVTIMEO, 5000)
+        dealer.setsockopt(zmq.RCVTIMEO, int(DEADLINE_S * 1000))
         dealer.connect(rep)
         dealer.send_multipart((b"", (0).to_bytes(8, "big")))
         replayed = []
@@ -118,26 +125,20 @@ def test_engine_publishes_vllm_schema_with_our_page_hashes():
         llm.engine.close()
 
 
-def _wait(cond, what: str, timeout: float = 20.0) -> None:
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout, what
-        time.sleep(0.02)
-
-
 def test_subscriber_detects_restart_and_fills_gaps_from_replay():
     ep, rep = f"tcp://127.0.0.1:{_port()}", f"tcp://127.0.0.1:{_port()}"
     applied: list[tuple[str, int]] = []
     llm = LLM("builtin:tiny", num_pages=64, kv_events_endpoint=ep,
               kv_events_replay_endpoint=rep)
-    sub = EventSubscriber(ep, rep, lambda kind, hs: applied.append((kind, len(hs))))
+    sub = EventSubscriber(ep, rep, lambda kind, hs: applied.append((kind, len(hs))),
+                          replay_timeout_s=DEADLINE_S)
     sub.start()
     try:
-        _wait(lambda: sub.stream.last_seq == 0, "the joining subscriber got no batch")
+        wait_until(lambda: sub.stream.last_seq == 0, "the joining subscriber got no batch")
         for k in range(3):
             ids = list(range(100 * k + 1, 100 * k + 1 + 2 * BS + 1))
             llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))
-        _wait(lambda: sum(n for kind, n in applied if kind == "stored") == 6, str(applied))
+        wait_until(lambda: sum(n for kind, n in applied if kind == "stored") == 6, str(applied))
         assert applied[0] == ("cleared", 0)  # the incarnation's clear, seq 0
         assert sub.stream.unfilled == 0 and sub.stream.restarts == 0
         first, last = sub.stream.incarnation, sub.stream.last_seq
@@ -147,7 +148,7 @@ def test_subscriber_detects_restart_and_fills_gaps_from_replay():
         announced = llm.engine.kv_events.announced
         other = EventSubscriber(ep, rep, lambda kind, hs: None)
         other.start()
-        _wait(lambda: other.stream.last_seq == last, "the second subscriber got no batch")
+        wait_until(lambda: other.stream.last_seq == last, "the second subscriber got no batch")
         other.close()
         assert llm.engine.kv_events.announced == announced + 1
         assert sub.stream.restarts == 0 and sub.stream.last_seq == last
@@ -156,13 +157,13 @@ def test_subscriber_detects_restart_and_fills_gaps_from_replay():
         llm = LLM("builtin:tiny", num_pages=64, kv_events_endpoint=ep,
                   kv_events_replay_endpoint=rep)
         # no request: the new incarnation is known as soon as the SUB socket reconnects
-        _wait(lambda: sub.stream.restarts == 1, "the restart was not seen")
+        wait_until(lambda: sub.stream.restarts == 1, "the restart was not seen")
         assert sub.stream.incarnation == llm.engine.kv_events.incarnation != first
         assert applied == [("cleared", 0), ("cleared", 0)]  # dropped, then its seq 0
         assert sub.stream.last_seq == 0 and sub.stream.unfilled == 0
         llm.generate([{"prompt_token_ids": list(range(1, 2 * BS + 2))}],
                      SamplingParams(max_tokens=1))
-        _wait(lambda: ("stored", 2) in applied, str(applied))
+        wait_until(lambda: ("stored", 2) in applied, str(applied))
         assert sub.stream.restarts == 1 and sub.stream.last_seq == 1
     finally:
         sub.close()

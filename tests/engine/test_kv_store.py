@@ -22,6 +22,8 @@ HIT = (len(P) - 1) // 16 * 16
 
 def replica(url: str, **kw) -> LLM:
     kw.setdefault("tier_load_policy", "always")
+    # a time budget no loaded machine reaches by accident (the default, 0.1 s, can be)
+    kw.setdefault("kv_store_timeout_s", 10.0)
     return LLM("builtin:tiny", num_pages=64, kv_store_url=url, **kw)
 
 
@@ -78,7 +80,7 @@ def test_a_prompt_cold_on_a_is_a_hit_on_b_and_not_for_another_tenant(url):
 
 def test_a_cold_prefix_locked_by_another_replica_is_waited_for(url):
     a, b = replica(url), replica(url, kv_store_lock_wait_s=30.0)
-    leader = RedisTier(url, b.engine.tiers.fingerprint)
+    leader = RedisTier(url, b.engine.tiers.fingerprint, timeout_s=10.0)
     try:
         # replica "A" holds the lock of P's first page, as if it were computing it
         first = b.engine.cache.page_hashes(
@@ -108,7 +110,7 @@ def test_a_cold_prefix_locked_by_another_replica_is_waited_for(url):
 
 def test_a_follower_computes_itself_when_the_leader_never_delivers(url):
     b = replica(url, kv_store_lock_wait_s=5.0)
-    leader = RedisTier(url, b.engine.tiers.fingerprint)
+    leader = RedisTier(url, b.engine.tiers.fingerprint, timeout_s=10.0)
     clock = [0.0]
     b.engine.shared.clock = lambda: clock[0]
     try:
@@ -129,7 +131,7 @@ def test_a_follower_computes_itself_when_the_leader_never_delivers(url):
 
 def test_a_follower_waits_no_longer_than_recomputing_would_take(url):
     b = replica(url, kv_store_lock_wait_s=30.0)
-    leader = RedisTier(url, b.engine.tiers.fingerprint)
+    leader = RedisTier(url, b.engine.tiers.fingerprint, timeout_s=10.0)
     b.engine.shared.clock = lambda: 100.0
     b.engine.shared.estimates.prefill_s_per_token = 0.001  # 1 ms per token, measured
     try:

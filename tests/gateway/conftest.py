@@ -3,8 +3,9 @@ sockets, so a broken stream really breaks), and gateways talked to in-process.""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
-import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -14,9 +15,11 @@ from prefixcache.gateway.app import create_app, make_client
 from prefixcache.gateway.emulator import Emulator
 from prefixcache.gateway.policy import TenantPolicy
 from prefixcache.gateway.service import Gateway
+from prefixcache.gateway.singleflight import SingleFlight
 from prefixcache.gateway.store import MemoryStore
 from prefixcache.gateway.upstreams import Upstream, UpstreamSpec
 from prefixcache.server.auth import Authenticator
+from tests.helpers.wait import wait_until
 from tests.server.live import free_port
 
 KEYS = {"sk-a": {"tenant": "alice", "admin": False},
@@ -36,25 +39,50 @@ class ThreadServer:
                                                     log_level="critical", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
+        wait_until(lambda: self.server.started, "uvicorn to start", poll_s=0.01)
 
     def stop(self):
         self.server.should_exit = True
         self.thread.join(10)
 
 
+def held(app, hold: Callable[[int], bool]):
+    """``app`` behind a gate: its ``n``-th request (from 0) is passed on once ``hold(n)``
+    is true (polled from a worker thread, so the server keeps accepting meanwhile)."""
+    calls = itertools.count()
+
+    async def gated(scope, receive, send):
+        if scope["type"] == "http":
+            n = next(calls)
+            await asyncio.to_thread(wait_until, lambda: hold(n), f"the gate of call {n}")
+        await app(scope, receive, send)
+
+    return gated
+
+
+class CountingFlights(SingleFlight):
+    """A gateway's single-flight table that counts its claims (one per request that
+    missed the store: the first leads, the others follow until it finishes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims = 0
+
+    def claim(self, key: bytes):
+        self.claims += 1
+        return super().claim(key)
+
+
 @pytest.fixture
 def emulators():
-    """Start emulators on demand: ``emulators("anthropic", delay_s=...)``."""
+    """Start emulators on demand: ``emulators("anthropic", delay_s=...)``; ``hold=`` puts
+    the emulator behind :func:`held`."""
     started = []
 
-    def start(provider: str, **kw) -> tuple[Emulator, str]:
+    def start(provider: str, *, hold: Callable[[int], bool] | None = None,
+              **kw) -> tuple[Emulator, str]:
         emu = Emulator(provider, **kw)
-        srv = ThreadServer(emu.app)
+        srv = ThreadServer(emu.app if hold is None else held(emu.app, hold))
         started.append(srv)
         return emu, srv.url
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from prefixcache.gateway.policy import TenantPolicy
-from tests.gateway.conftest import A, B, chat, make_gateway, run, sse_data
+from tests.gateway.conftest import A, B, CountingFlights, chat, make_gateway, run, sse_data
 
 M = "gpt-4.1"
 
@@ -108,13 +108,17 @@ def test_a_stream_is_stored_and_replayed_as_sse_in_both_wire_formats(emulators):
 
 
 def test_a_stampede_of_20_identical_misses_makes_one_upstream_call(emulators):
-    emu, url = emulators("openai", delay_s=0.3)
+    # the upstream answers once all 20 have missed the store (a fixed delay can end
+    # before the last of them arrives on a loaded machine)
+    emu, url = emulators("openai", hold=lambda n: flights.claims == 20)
+    gw = _gw(url)
+    gw.flights = flights = CountingFlights()
 
     async def go(c):
         return await asyncio.gather(*[c.post("/v1/chat/completions", json=chat(M, "herd"),
                                              headers=A) for _ in range(20)])
 
-    rs = run(go, _gw(url))
+    rs = run(go, gw)
     assert emu.calls == 1
     assert {r.status_code for r in rs} == {200}
     assert len({r.json()["choices"][0]["message"]["content"] for r in rs}) == 1
@@ -123,14 +127,17 @@ def test_a_stampede_of_20_identical_misses_makes_one_upstream_call(emulators):
 
 
 def test_when_the_leader_fails_a_follower_retries(emulators):
-    emu, url = emulators("openai", delay_s=0.2)
+    # each upstream call is answered once the others follow it: 5 claims for the first
+    # leader, then 4 more when the followers retry (one of them leads)
+    emu, url = emulators("openai", hold=lambda n: flights.claims == (5, 9)[n])
     emu.faults = ["500"]
+    gw = _gw(url)
+    gw.flights = flights = CountingFlights()
 
     async def go(c):
         return await asyncio.gather(*[c.post("/v1/chat/completions", json=chat(M, "retry"),
                                              headers=A) for _ in range(5)])
 
-    gw = _gw(url)
     rs = run(go, gw)
     assert sorted(r.status_code for r in rs) == [200, 200, 200, 200, 502]
     assert emu.calls == 2

@@ -7,6 +7,7 @@ import pytest
 from tests.gateway.conftest import A, chat, make_gateway, run, sse_data
 
 M = "gpt-4.1"
+UPSTREAM_TIMEOUT_S = 3.0
 MSG = {"model": M, "max_tokens": 16, "temperature": 0,
        "messages": [{"role": "user", "content": "fail?"}]}
 
@@ -16,7 +17,9 @@ MSG = {"model": M, "max_tokens": 16, "temperature": 0,
                                                   ("timeout", 504, "upstream_timeout")])
 def test_a_failed_call_answers_an_error_in_the_client_format_and_stores_nothing(
         emulators, client, fault, status, code):
-    emu, url = emulators("openai", hang_s=3.0)
+    # the same time budget serves the good call after the bad one: long enough that a
+    # loaded machine never exceeds it there, and the hang twice as long
+    emu, url = emulators("openai", hang_s=2 * UPSTREAM_TIMEOUT_S)
     emu.faults = [fault]
     path, body = (("/v1/chat/completions", chat(M, "fail?")) if client == "chat"
                   else ("/v1/messages", MSG))
@@ -24,7 +27,7 @@ def test_a_failed_call_answers_an_error_in_the_client_format_and_stores_nothing(
     async def go(c):
         return [await c.post(path, json=body, headers=A) for _ in range(2)]
 
-    gw = make_gateway([("oa", url, "openai", (M,))], timeout_s=0.5)
+    gw = make_gateway([("oa", url, "openai", (M,))], timeout_s=UPSTREAM_TIMEOUT_S)
     bad, good = run(go, gw)
     assert bad.status_code == status
     if client == "chat":

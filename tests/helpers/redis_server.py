@@ -7,10 +7,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.wait import wait_until
 
 PACKAGE = "redis-server"  # Debian's package (make test and .ci/run install it)
 
@@ -38,16 +39,17 @@ class RedisServer:
              "--appendonly", "no", "--maxmemory", "32mb", "--maxmemory-policy",
              "allkeys-lru", "--dir", str(tmp)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        t0 = time.monotonic()
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() - t0 > 10:
-                    self.stop()
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)
+        try:
+            wait_until(self._accepts, "redis-server to accept connections", ignore=(OSError,))
+        except AssertionError as exc:
+            self.stop()
+            raise RuntimeError(f"redis-server did not start: {exc}") from None
+
+    def _accepts(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"redis-server exited ({self.proc.returncode})")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10):
+            return True
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -8,7 +8,6 @@ import fcntl
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 from prefixcache.model.kernels import build, paged_prefill
 from tests.helpers.kernels import built_or_skip
+from tests.helpers.wait import wait_until
 
 
 def test_sources_are_copied_once_and_a_stale_baton_is_removed(tmp_path: Path):
@@ -27,7 +27,13 @@ def test_sources_are_copied_once_and_a_stale_baton_is_removed(tmp_path: Path):
     for f in (*build.SOURCES, *build.HEADERS):
         assert (tmp_path / "src" / f.name).read_bytes() == f.read_bytes()
     mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "src").iterdir()}
-    time.sleep(0.01)
+    probe = tmp_path / "clock"  # a file written now has a later mtime: a rewrite would show
+
+    def clock_moved() -> bool:
+        probe.write_bytes(b"")
+        return probe.stat().st_mtime_ns > max(mtimes.values())
+
+    wait_until(clock_moved, "the file system clock to move past the copies")
     with build.build_lock(tmp_path):
         again = build.prepare_sources(tmp_path)
     assert again == first

@@ -36,6 +36,17 @@ def python_ran_inside(call) -> tuple[int, float]:
     return sum(lo <= s <= hi for s in stamps), t1 - t0
 
 
+def ran_inside_one_of(call, tries: int = 10) -> tuple[int, float]:
+    """:func:`python_ran_inside` until Python ran inside a call, at most ``tries`` calls:
+    on a loaded machine the OS may not schedule this thread during one call's middle
+    half, while a kernel that holds the GIL never lets it run there."""
+    for _ in range(tries):
+        inside, length = python_ran_inside(call)
+        if inside:
+            break
+    return inside, length
+
+
 def sized(make, min_s: float = 0.03):
     """The first call built by ``make(scale)`` (scale 1, 2, 4, ...) lasting ``min_s`` or
     more, so the middle half of it is far longer than a GIL switch interval."""
@@ -61,7 +72,7 @@ def test_prefill_kernel_lets_python_threads_run():
         table = torch.arange(pages)
         return lambda: mod.paged_prefill(q, k, v, table, 0, d ** -0.5)
 
-    inside, length = python_ran_inside(sized(make))
+    inside, length = ran_inside_one_of(sized(make))
     assert inside > 0, f"no Python ran during a {length * 1e3:.0f} ms kernel call"
 
 
@@ -78,5 +89,5 @@ def test_decode_kernel_lets_python_threads_run():
         lens = torch.full((rows,), ctx)
         return lambda: mod.paged_decode(q, k, v, table, lens, None, d ** -0.5)
 
-    inside, length = python_ran_inside(sized(make))
+    inside, length = ran_inside_one_of(sized(make))
     assert inside > 0, f"no Python ran during a {length * 1e3:.0f} ms kernel call"

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import threading
-import time
 
+import httpx
 import pytest
 import uvicorn
 
 from prefixcache.router.cli import add_parser, build_router_app
-from tests.server.live import KEYS, LiveServer, free_port
+from tests.helpers.wait import wait_until
+from tests.server.live import KEYS, LiveServer, free_port, unique_prompt
+
+HEALTH_TIMEOUT_S = 30.0
 
 
 class RouterThread:
@@ -24,15 +27,15 @@ class RouterThread:
         args = add_parser(sub).parse_args(["--port", str(port), "--health-interval-s", "0.2",
                                            "--startup-timeout-s", "5", *argv])
         self.app = build_router_app(args)
+        # a health check's budget no loaded machine exceeds by accident (a failed check
+        # takes a replica out of routing until the next one)
+        self.app.state.router.settings.health_timeout_s = HEALTH_TIMEOUT_S
         self.base = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port,
                                                     log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        t0 = time.monotonic()
-        while not self.server.started:
-            assert time.monotonic() - t0 < 20, "router did not start"
-            time.sleep(0.05)
+        wait_until(lambda: self.server.started, "the router to start")
 
     @property
     def replicas(self):
@@ -69,11 +72,33 @@ def replicas(tmp_path_factory, keys_file):
             srv.stop()
 
 
+def wait_for_events(router: RouterThread, i: int, replica: LiveServer) -> None:
+    """Wait until the router receives replica ``i``'s KV events: its SUB socket gets only
+    what is published after it joined, so prompts are sent to the replica itself until
+    their pages show up in the router's index."""
+    def arrived() -> bool:
+        with router.replicas.lock:
+            if any(i in holders for holders in router.replicas.index._entries.values()):
+                return True
+        r = httpx.post(replica.v1 + "/completions", timeout=60,
+                       headers={"Authorization": "Bearer sk-alice"},
+                       json={"model": "builtin:tiny", "prompt": unique_prompt(10),
+                             "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        return False
+
+    wait_until(arrived, f"replica {i}'s KV events at the router", poll_s=0.1)
+
+
 @pytest.fixture(scope="module")
 def router(replicas, keys_file):
     argv = ["--api-keys", str(keys_file)]
     for srv in replicas:
         argv += ["--replica", f"{srv.base},events={srv.events},replay={srv.replay}"]
     r = RouterThread(argv)
-    yield r
-    r.stop()
+    try:
+        for i, srv in enumerate(replicas):
+            wait_for_events(r, i, srv)
+        yield r
+    finally:
+        r.stop()

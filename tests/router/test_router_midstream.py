@@ -45,7 +45,7 @@ def broken_router(replicas, keys_file):
 
 def _metric(router, name: str, **labels) -> float:
     out = {}
-    for line in httpx.get(router.base + "/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(router.base + "/metrics", timeout=60).text.splitlines():
         if line and not line.startswith("#"):
             key, value = line.rsplit(None, 1)
             out[key] = float(value)

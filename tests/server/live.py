@@ -19,11 +19,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import httpx
+
+from tests.helpers.wait import DEADLINE_S, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 16
@@ -63,19 +64,18 @@ class LiveServer:
     def v1(self) -> str:
         return self.base + "/v1"
 
-    def wait_ready(self, timeout: float = 90.0) -> None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        def healthy() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log()}")
-            try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+            return httpx.get(self.base + "/health", timeout=30).status_code == 200
+
+        try:
+            wait_until(healthy, f"{self.base}/health", deadline_s=timeout, poll_s=0.2,
+                       ignore=(httpx.HTTPError,))
+        except AssertionError as exc:
+            self.stop()
+            raise RuntimeError(f"server not ready: {exc}\n{self.log()}") from None
 
     def log_size(self) -> int:
         """Bytes the server has logged so far (read the new ones with :meth:`log_since`)."""
@@ -113,19 +113,19 @@ class LiveServer:
                 out[key] = float(value)
         return out
 
-    def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
-        """Poll /metrics until no request runs or waits and no page is live."""
-        t0 = time.monotonic()
-        while True:
-            m = self.metrics()
-            if (m["kv_pages_live"] == 0 and m["requests_running"] == 0
-                    and m["requests_waiting"] == 0):
-                return m
-            if time.monotonic() - t0 > timeout:
-                raise AssertionError(f"server not idle after {timeout} s: "
-                                     f"live={m['kv_pages_live']} running={m['requests_running']} "
-                                     f"waiting={m['requests_waiting']}")
-            time.sleep(0.1)
+    def wait_idle(self, timeout: float = DEADLINE_S) -> dict[str, float]:
+        """Poll /metrics until no request runs or waits and no page is live; that scrape."""
+        seen: dict[str, float] = {}
+
+        def idle() -> dict[str, float] | None:
+            seen.update(self.metrics())
+            busy = seen["kv_pages_live"] or seen["requests_running"] or seen["requests_waiting"]
+            return None if busy else dict(seen)
+
+        return wait_until(idle, lambda: (
+            f"an idle server (live={seen['kv_pages_live']} "
+            f"running={seen['requests_running']} waiting={seen['requests_waiting']})"),
+            deadline_s=timeout)
 
 
 def unique_prompt(n_words: int = 24) -> str:

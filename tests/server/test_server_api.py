@@ -28,11 +28,11 @@ def _check_usage(usage, completion_tokens: int | None = None) -> None:
 
 
 def test_health_and_models(server, client):
-    assert httpx.get(server.base + "/health").json() == {"status": "ok"}
+    assert httpx.get(server.base + "/health", timeout=60).json() == {"status": "ok"}
     models = client.models.list()
     ids = [m.id for m in models.data]
     assert ids == ["tiny", "builtin:tiny"]
-    raw = httpx.get(server.v1 + "/models").json()
+    raw = httpx.get(server.v1 + "/models", timeout=60).json()
     assert raw["data"][0]["max_model_len"] == 4096
 
 
@@ -216,7 +216,7 @@ def test_async_chat_streaming(server):
 def test_sse_wire_format(server):
     body = {"model": "tiny", "prompt": unique_prompt(4), "max_tokens": 2, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", server.v1 + "/completions", json=body) as r:
+    with httpx.stream("POST", server.v1 + "/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in r.iter_lines() if line]

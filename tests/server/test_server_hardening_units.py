@@ -23,6 +23,7 @@ from prefixcache.server.crosssite import default_allowed_hosts, host_name, is_js
 from prefixcache.server.drain import Drain, ShuttingDown
 from prefixcache.server.logsafe import MAX_MESSAGE_CHARS, SafeFormatter, clean, name_list
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
+from tests.helpers.wait import DEADLINE_S
 
 
 # -- stop caps and dedup ---------------------------------------------------------------
@@ -194,7 +195,7 @@ def test_drain_tells_running_queues_when_the_grace_period_ends():
         drain.begin_threadsafe()
         await asyncio.sleep(0)               # begin runs on the loop
         assert drain.draining and not drain.expired and q1.empty()
-        idx, item = await asyncio.wait_for(q1.get(), 5)
+        idx, item = await asyncio.wait_for(q1.get(), DEADLINE_S)
         assert idx == -1 and isinstance(item, ShuttingDown)
         assert drain.expired and q2.empty()
         late: asyncio.Queue = asyncio.Queue()

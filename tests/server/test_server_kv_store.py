@@ -11,7 +11,10 @@ import httpx
 import pytest
 import redis
 
+from tests.helpers.wait import wait_until
 from tests.server.live import KEYS, LiveServer, expected_hit, unique_prompt
+
+KV_STORE_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +24,9 @@ def pair(redis_server, tmp_path_factory):
     client.close()
     keys = tmp_path_factory.mktemp("kvs-keys") / "keys.json"
     keys.write_text(json.dumps(KEYS))
+    # a time budget a loaded machine does not reach by accident (a stalled Redis does)
     servers = [LiveServer(["--api-keys", str(keys), "--kv-store", redis_server.url,
-                           "--kv-store-timeout-s", "0.2"],
+                           "--kv-store-timeout-s", str(KV_STORE_TIMEOUT_S)],
                           tmp_path_factory.mktemp(f"kvs{i}") / "server.log") for i in range(2)]
     try:
         for s in servers:
@@ -42,12 +46,11 @@ def _usage(srv: LiveServer, prompt: str, key: str) -> dict:
 
 
 def _wait_stored(srv: LiveServer, pages: int) -> None:
-    import time
-    t0 = time.monotonic()
-    while srv.metrics().get("redis_tier_stores_total", 0) < 1 or srv.metrics().get(
-            "redis_tier_pages", 0) < pages:
-        assert time.monotonic() - t0 < 20, "replica A never stored its pages"
-        time.sleep(0.05)
+    def stored() -> bool:
+        m = srv.metrics()
+        return m.get("redis_tier_stores_total", 0) >= 1 and m.get("redis_tier_pages", 0) >= pages
+
+    wait_until(stored, f"replica A to store {pages} pages")
 
 
 def test_cold_on_a_then_cached_on_b_and_zero_for_another_tenant(pair):
@@ -62,8 +65,8 @@ def test_cold_on_a_then_cached_on_b_and_zero_for_another_tenant(pair):
     assert b.metrics()["redis_tier_hit_tokens_total"] == expected_hit(cold["prompt_tokens"])
     other = _usage(b, prompt, "sk-bob")
     assert other["prompt_tokens_details"]["cached_tokens"] == 0
-    assert httpx.get(b.base + "/health", timeout=5).json() == {"status": "ok",
-                                                               "kv_store": "ok"}
+    assert httpx.get(b.base + "/health", timeout=30).json() == {"status": "ok",
+                                                                "kv_store": "ok"}
 
 
 def test_a_stalled_redis_degrades_health_not_requests(pair, redis_server):
@@ -72,7 +75,7 @@ def test_a_stalled_redis_degrades_health_not_requests(pair, redis_server):
     try:
         usage = _usage(a, unique_prompt(30), "sk-bob")  # served; the tier times out
         assert usage["prompt_tokens_details"]["cached_tokens"] == 0
-        health = httpx.get(a.base + "/health", timeout=5)
+        health = httpx.get(a.base + "/health", timeout=30)
         assert health.status_code == 200 and health.json()["kv_store"] == "degraded"
         assert a.metrics()["redis_tier_degraded"] == 1.0
     finally:

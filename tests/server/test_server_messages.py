@@ -67,13 +67,14 @@ def test_bad_messages_get_anthropic_errors_naming_the_field(server):
         assert r.json()["type"] == "error"
         assert r.json()["error"]["type"] == "invalid_request_error"
     before = _rejected(server, "404")
-    r = httpx.post(server.base + "/v1/messages", json={**_msg("s"), "model": "nope"})
+    r = httpx.post(server.base + "/v1/messages", json={**_msg("s"), "model": "nope"}, timeout=60)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert _rejected(server, "404") == before + 1
 
 
 def _rejected(server, code: str) -> float:
-    for family in text_string_to_metric_families(httpx.get(server.base + "/metrics").text):
+    text = httpx.get(server.base + "/metrics", timeout=60).text
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.endswith("requests_rejected_total") and \
                     sample.labels.get("code") == code:

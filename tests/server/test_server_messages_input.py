@@ -95,7 +95,7 @@ def test_a_bad_body_gets_an_anthropic_400_naming_the_field(server, body, param):
 
 def test_the_server_keeps_serving_after_bad_bodies_and_accepts_the_good_shapes(server):
     for body in (_msg(tools="x"), _msg(messages=_user({"type": "text", "text": 5}))):
-        assert httpx.post(server.base + "/v1/messages", json=body).status_code == 400
+        assert httpx.post(server.base + "/v1/messages", json=body, timeout=60).status_code == 400
     good = _msg(system=[{**_BLOCK, "cache_control": {"type": "ephemeral"}}],
                 tools=[{**_TOOL, "description": "d"}], tool_choice={"type": "auto"},
                 top_p=0.5, top_k=0, stop_sequences=["END"], metadata={"user_id": "u"},

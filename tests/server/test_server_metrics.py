@@ -69,7 +69,7 @@ def test_counters_agree_with_usage(server):
 
 
 def test_gauges_and_exposition(server):
-    text = httpx.get(server.base + "/metrics").text
+    text = httpx.get(server.base + "/metrics", timeout=60).text
     for name, kind in [("prefix_cache_queries_total", "counter"),
                        ("prefix_cache_hits_total", "counter"),
                        ("prefix_cache_inflight_hits_total", "counter"),

@@ -67,7 +67,7 @@ def test_missing_or_unknown_key_is_401(tenant_server, headers):
                                ("POST", "/v1/chat/completions", {"model": "tiny", "messages": []}),
                                ("GET", "/v1/models", None),
                                ("POST", "/reset_prefix_cache", None)]:
-        r = httpx.request(method, tenant_server.base + path, json=body, headers=headers)
+        r = httpx.request(method, tenant_server.base + path, json=body, headers=headers, timeout=60)
         assert r.status_code == 401, (path, r.text)
         err = r.json()["error"]
         assert err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error"
@@ -80,7 +80,7 @@ def test_openai_client_with_bad_key(tenant_server):
 
 
 def test_health_and_metrics_need_no_key(tenant_server):
-    assert httpx.get(tenant_server.base + "/health").status_code == 200
+    assert httpx.get(tenant_server.base + "/health", timeout=60).status_code == 200
     m = tenant_server.metrics()
     # the tenant label exists exactly for the configured tenants
     for t in ("alice", "bob", "ops"):
@@ -90,7 +90,7 @@ def test_health_and_metrics_need_no_key(tenant_server):
 
 def test_reset_is_admin_only_and_reports_honestly(tenant_server):
     r = httpx.post(tenant_server.base + "/reset_prefix_cache",
-                   headers={"Authorization": "Bearer sk-alice"})
+                   headers={"Authorization": "Bearer sk-alice"}, timeout=60)
     assert r.status_code == 403
     assert r.json()["error"]["type"] == "permission_error"
     alice = _client(tenant_server, "sk-alice")
@@ -99,7 +99,7 @@ def test_reset_is_admin_only_and_reports_honestly(tenant_server):
     tenant_server.wait_idle()
     before = tenant_server.metrics()
     r = httpx.post(tenant_server.base + "/reset_prefix_cache",
-                   headers={"Authorization": "Bearer sk-ops"})
+                   headers={"Authorization": "Bearer sk-ops"}, timeout=60)
     assert r.status_code == 200, r.text
     report = r.json()
     assert report["dropped_pages"] == before["kv_pages_cached"] > 0

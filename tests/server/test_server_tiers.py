@@ -3,10 +3,9 @@ and a graceful shutdown writes the pool down so a restarted server hits the disk
 prompt's valid file copied over a file is a counted miss, never a 500."""
 from __future__ import annotations
 
-import time
-
 import httpx
 
+from tests.helpers.wait import wait_until
 from tests.server.live import LiveServer
 
 A = [1] + [(7 * i) % 250 + 5 for i in range(150)]
@@ -22,12 +21,11 @@ def complete(srv: LiveServer, prompt: list[int]) -> int:
 
 
 def wait_metric(srv: LiveServer, name: str, at_least: float) -> dict[str, float]:
-    t0 = time.monotonic()
-    while True:
+    def reached() -> dict[str, float] | None:
         m = srv.metrics()
-        if m.get(name, 0) >= at_least or time.monotonic() - t0 > 20:
-            return m
-        time.sleep(0.05)
+        return m if m.get(name, 0) >= at_least else None
+
+    return wait_until(reached, f"{name} >= {at_least}")
 
 
 def test_serve_with_tiers_hits_and_survives_restart(tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
 
@@ -13,6 +14,7 @@ from prefixcache.server.async_engine import AsyncEngine, RequestSpec
 from prefixcache.server.auth import Authenticator, KeyFileError, load_key_file
 from prefixcache.server.errors import APIError
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from tests.helpers.wait import DEADLINE_S, wait_until
 
 
 class FakeEngine:
@@ -66,7 +68,7 @@ class FakeEngine:
         if not self.reqs:
             return outs
         self.steps += 1
-        time.sleep(0.001)
+        time.sleep(0.001)  # behaviour: a step takes time
         if self.fail_next:
             self.fail_next -= 1
             raise RuntimeError("boom")
@@ -86,10 +88,16 @@ def _spec(rid: str) -> RequestSpec:
 async def _drain(q: asyncio.Queue) -> list:
     items = []
     while True:
-        idx, item = await asyncio.wait_for(q.get(), 5)
+        idx, item = await asyncio.wait_for(q.get(), DEADLINE_S)
         items.append(item)
         if isinstance(item, BaseException) or item.finished:
             return items
+
+
+def _parked(thread: threading.Thread | None) -> bool:
+    """``thread`` is blocked in ``Condition.wait`` (asleep until notified)."""
+    frame = None if thread is None else sys._current_frames().get(thread.ident or 0)
+    return frame is not None and frame.f_code is threading.Condition.wait.__code__
 
 
 def test_engine_thread_streams_and_sleeps_when_idle():
@@ -106,7 +114,7 @@ def test_engine_thread_streams_and_sleeps_when_idle():
         assert [len(o.outputs[0].token_ids) for o in a] == [1, 2, 3]
         assert a[-1].finished and b[-1].finished
         steps = fake.steps
-        time.sleep(0.3)
+        wait_until(lambda: _parked(ae._thread), "the engine thread waiting for work")
         assert fake.steps == steps  # idle: no stepping
         assert fake.thread_ids == {ae._thread.ident}  # every engine call on its thread
     finally:
@@ -125,7 +133,7 @@ def test_warmup_runs_on_the_engine_thread_before_any_command(warmup, error, call
     ae = AsyncEngine(fake, warmup=warmup)
     ae.start()
     try:
-        assert ae.wait_warm(10)
+        assert ae.wait_warm(DEADLINE_S)
 
         async def main():
             q = asyncio.Queue()

@@ -1,15 +1,18 @@
 """Fixtures of the semantic-cache tests: a toy embedder, the real MiniLM, a real redis-server."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
 import subprocess
-import time
 
 import pytest
 
 from tests.gateway.semantic.toy_embedder import ToyEmbedder
+from tests.helpers.wait import wait_until
+
+BUDGET_S = 10.0  # a Redis call's time budget no loaded machine reaches by accident
 
 
 def _missing(msg: str) -> None:
@@ -41,8 +44,10 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def redis_url(tmp_path):
-    """A fresh redis-server on a free loopback port; stopped (by its pid) after the test."""
+def redis_url(tmp_path, monkeypatch):
+    """A fresh redis-server on a free loopback port; stopped (by its pid) after the test.
+    The stores the semantic cache opens get a time budget of :data:`BUDGET_S` (their
+    default, a quarter second, can run out on a loaded machine)."""
     binary = shutil.which("redis-server")
     if binary is None:
         _missing("redis-server is not installed (apt-get install redis-server)")
@@ -51,16 +56,15 @@ def redis_url(tmp_path):
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
          "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import redis
+
+    from prefixcache.gateway.semantic import cache
+    from prefixcache.gateway.semantic.redis_store import RedisEntryStore
+    monkeypatch.setattr(cache, "RedisEntryStore",
+                        functools.partial(RedisEntryStore, timeout_s=BUDGET_S))
     client = redis.Redis(port=port)
     try:
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        else:
-            raise RuntimeError(f"redis-server did not start on port {port}")
+        wait_until(client.ping, f"redis-server to answer on port {port}",
+                   ignore=(redis.ConnectionError,))
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         client.close()

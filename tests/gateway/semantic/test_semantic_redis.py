@@ -8,6 +8,7 @@ import redis
 from prefixcache.gateway.semantic.cache import SemanticCache
 from prefixcache.gateway.semantic.index import Entry
 from prefixcache.gateway.semantic.redis_store import RedisEntryStore, decode_entry, encode_entry
+from tests.gateway.semantic.conftest import BUDGET_S
 
 A, B = b"\x01scope-a", b"\x02scope-b"
 
@@ -45,7 +46,7 @@ def test_corrupt_entries_are_missed_and_removed(toy, redis_url):
         cache.store(A, text, text.encode())
     cache.close()
     r = redis.Redis.from_url(redis_url)
-    store = RedisEntryStore(redis_url, toy.dim)
+    store = RedisEntryStore(redis_url, toy.dim, timeout_s=BUDGET_S)
     k_alpha, k_beta, k_gamma = (store.key(A, t) for t in
                                 ("alpha question", "beta question", "gamma question"))
     r.hset(k_alpha, "value", b"tampered")           # checksum no longer matches
@@ -89,7 +90,7 @@ def test_redis_down_degrades_to_memory(toy):
 
 
 def test_full_write_queue_drops_and_counts(toy, redis_url):
-    store = RedisEntryStore(redis_url, toy.dim, queue_size=1)
+    store = RedisEntryStore(redis_url, toy.dim, queue_size=1, timeout_s=BUDGET_S)
     vec = toy.embed(["x"])[0]
     for i in range(50):
         store.put(A, Entry(f"q{i}", vec, b"v", time.time()))
