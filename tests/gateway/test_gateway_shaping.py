@@ -212,7 +212,7 @@ def test_a_messages_clients_document_breakpoint_reads_as_much_as_sent_directly(e
     gw = make_gateway([("an", url, "anthropic", (CLAUDE,))])
 
     async def go_direct():
-        async with httpx.AsyncClient() as c:
+        async with httpx.AsyncClient(timeout=60) as c:
             return [(await c.post(direct_url + "/v1/messages", json=_doc_question(q),
                                   headers={"x-api-key": "sk-a"})).json()["usage"]
                     for q in QUESTIONS]

@@ -28,7 +28,7 @@ class _Records(logging.Handler):
 @pytest.fixture
 def broken_router(replicas, keys_file):
     """A router over a replica that breaks its answers (0) and a real one (1)."""
-    info = httpx.get(replicas[0].base + "/v1/cache/info", timeout=10,
+    info = httpx.get(replicas[0].base + "/v1/cache/info", timeout=60,
                      headers={"Authorization": "Bearer sk-ops"}).json()
     upstream = BrokenUpstream(events=3, info=info)
     router = RouterThread(["--api-keys", str(keys_file), "--replica", upstream.base,

@@ -55,21 +55,21 @@ def _build(*argv: str):
 
 def test_serve_reports_what_it_serves_and_how_it_keys_its_pages(replicas, odd_replica):
     base = replicas[0].base
-    r = httpx.get(base + "/v1/cache/info", timeout=10)
+    r = httpx.get(base + "/v1/cache/info", timeout=60)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     seed = os.environ.get(HASH_SEED_ENV) or DEFAULT_HASH_ROOT_SEED
-    max_len = httpx.get(base + "/v1/models", headers=ALICE, timeout=10).json()[
+    max_len = httpx.get(base + "/v1/models", headers=ALICE, timeout=60).json()[
         "data"][0]["max_model_len"]
-    info = httpx.get(base + "/v1/cache/info", headers=ALICE, timeout=10).json()
+    info = httpx.get(base + "/v1/cache/info", headers=ALICE, timeout=60).json()
     assert info == {"object": "cache.info", "model": "builtin:tiny",
                     "served_model_names": ["builtin:tiny"],
                     "model_fingerprint": "builtin:tiny|kv=float32|bs=16|layout=1",
                     "block_size": 16, "kv_dtype": "float32", "page_hash": "blake2b-128",
                     "max_model_len": max_len, "hash_root_seed_digest": seed_digest(seed)}
     # the seed itself only to an admin key
-    admin = httpx.get(base + "/v1/cache/info", headers=OPS, timeout=10).json()
+    admin = httpx.get(base + "/v1/cache/info", headers=OPS, timeout=60).json()
     assert admin == {**info, "hash_root_seed": seed}
-    odd = httpx.get(odd_replica.base + "/v1/cache/info", headers=ALICE, timeout=10).json()
+    odd = httpx.get(odd_replica.base + "/v1/cache/info", headers=ALICE, timeout=60).json()
     assert (odd["served_model_names"], odd["block_size"], odd["model_fingerprint"]) == (
         ["tiny-b"], 32, "builtin:tiny|kv=float32|bs=32|layout=1")
     assert odd["hash_root_seed_digest"] == seed_digest(SEED) != info["hash_root_seed_digest"]
@@ -80,7 +80,7 @@ def test_the_router_needs_no_model_flag_and_serves_the_replicas_names_and_seed(
         odd_replica, keys_file):
     router = RouterThread(["--api-keys", str(keys_file), "--replica", odd_replica.base])
     try:
-        models = httpx.get(router.base + "/v1/models", headers=ALICE, timeout=10).json()
+        models = httpx.get(router.base + "/v1/models", headers=ALICE, timeout=60).json()
         assert [m["id"] for m in models["data"]] == ["tiny-b"]
         for name in ("tiny-b", "builtin:tiny"):  # a served name, and the replica's --model
             r = httpx.post(router.base + "/v1/completions", headers=ALICE, timeout=60,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import httpx
 
+from tests.helpers.wait import wait_until
 from tests.router.conftest import RouterThread
 from tests.server.live import LiveServer, free_port, labelled, unique_prompt
 
@@ -18,18 +18,11 @@ ALICE = {"Authorization": "Bearer sk-alice"}
 
 def _metrics(router) -> dict[str, float]:
     out = {}
-    for line in httpx.get(router.base + "/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(router.base + "/metrics", timeout=60).text.splitlines():
         if line and not line.startswith("#"):
             key, value = line.rsplit(None, 1)
             out[key] = float(value)
     return out
-
-
-def _wait(cond, what: str, timeout: float = 60.0) -> None:
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout, what
-        time.sleep(0.05)
 
 
 def _complete(router, prompt: str) -> httpx.Response:
@@ -65,14 +58,14 @@ def test_a_replica_restarted_on_the_same_ports_loses_its_index_entries_at_once(
             with rs.lock:
                 return rs.index.match(hashes[:limit], [0], rs.clock() + 3600)[0]
 
-        _wait(lambda: held() == limit, "the replica's KV events did not confirm its pages")
+        wait_until(lambda: held() == limit, "the replica's KV events did not confirm its pages")
         os.killpg(replica.proc.pid, signal.SIGKILL)
         replica.proc.wait(10)
         replica.stop()
         replica = LiveServer(args, tmp_path / "second.log", port=port)
         replica.wait_ready()
         # the new incarnation is known without a request and without a health check
-        _wait(lambda: labelled(_metrics(router), "router_kv_event_restarts_total",
+        wait_until(lambda: labelled(_metrics(router), "router_kv_event_restarts_total",
                                replica="0") == 1, "the restart was not seen")
         assert held() == 0
         assert rs.loads[0].healthy
@@ -90,7 +83,7 @@ def test_a_replica_restarted_on_the_same_ports_loses_its_index_entries_at_once(
         replica = LiveServer([*args, "--served-model-name", "renamed"],
                              tmp_path / "third.log", port=port)
         replica.wait_ready()
-        _wait(lambda: not rs.verified[0], "the renamed replica was not shut out")
+        wait_until(lambda: not rs.verified[0], "the renamed replica was not shut out")
         assert rs.subscribers[0].stream.restarts == 2 and not rs.loads[0].healthy
         r = httpx.post(router.base + "/v1/completions", headers=ALICE, timeout=60,
                        json={"model": "builtin:tiny", "prompt": prompt, "max_tokens": 1})

@@ -16,7 +16,7 @@ from prefixcache.server.auth import Authenticator
 
 
 def test_the_live_single_tenant_server_with_allow_reset_gives_the_seed(server):
-    info = httpx.get(server.base + "/v1/cache/info", timeout=10).json()
+    info = httpx.get(server.base + "/v1/cache/info", timeout=60).json()
     seed = os.environ.get(HASH_SEED_ENV) or DEFAULT_HASH_ROOT_SEED
     assert info["served_model_names"] == ["tiny", "builtin:tiny"]
     assert info["model"] == "builtin:tiny" and info["block_size"] == 16

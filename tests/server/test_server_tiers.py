@@ -58,12 +58,11 @@ def test_serve_with_tiers_hits_and_survives_restart(tmp_path):
 
 
 def wait_files(directory, n: int) -> list:
-    t0 = time.monotonic()
-    while True:
-        files = sorted(directory.glob("*.kvpg"), key=lambda p: p.stat().st_mtime_ns)
-        if len(files) >= n or time.monotonic() - t0 > 20:
-            return files
-        time.sleep(0.05)
+    """The group files in ``directory``, oldest first, once there are at least ``n``."""
+    def files() -> list:
+        found = sorted(directory.glob("*.kvpg"), key=lambda p: p.stat().st_mtime_ns)
+        return found if len(found) >= n else []
+    return wait_until(files, f"{n} group files in {directory}")
 
 
 def test_serve_a_valid_file_of_another_prompt_over_a_file_is_a_miss_not_a_500(tmp_path):
