@@ -26,9 +26,9 @@ budget under load, so giving oneDNN each step's rows made resident memory grow b
 hundreds of MiB. The packed path therefore hands oneDNN only the row counts of
 :data:`KERNEL_ROWS`: a step's rows run as pieces of powers of two from 64 rows up
 (at most :data:`PIECE_MAX`), and the last piece of fewer than 64 rows is padded with zero
-rows to a multiple of 8. A row's result does not depend on the piece it is in (each
-output element is one dot product over the same ``in`` values), and a step whose row
-count is a piece size (a full chunk) runs in one call with no copy.
+rows to a multiple of 8 (at most 13 shapes per weight, plain and with the residual add).
+A row's bits do not depend on the piece it runs in (tested against one call over all the
+rows); a step whose row count is a piece size (a full chunk) runs as one call, no copy.
 """
 from __future__ import annotations
 
