@@ -19,7 +19,7 @@ at those sizes. Without it, one row keeps ``F.linear`` (its GEMV path is as fast
 packed one). Anything but a float32 CPU weight, or a PyTorch without oneDNN, falls back
 to ``F.linear``.
 
-oneDNN keeps what it builds for a call (the kernel for that shape: about 0.5 MiB) in two
+oneDNN keeps what it builds for a call (the kernel for that shape: 0.5-2 MiB) in two
 caches keyed by the shape, ideep's and oneDNN's own, each holding up to 1,024 entries.
 A step's row count is its token count, which takes almost every value up to the token
 budget under load, so giving oneDNN each step's rows made resident memory grow by
