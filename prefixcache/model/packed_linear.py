@@ -18,6 +18,17 @@ Steps of one to eight rows (decode) run the weight-streaming kernel of
 at those sizes. Without it, one row keeps ``F.linear`` (its GEMV path is as fast as the
 packed one). Anything but a float32 CPU weight, or a PyTorch without oneDNN, falls back
 to ``F.linear``.
+
+oneDNN keeps what it builds for a call (the kernel for that shape: 0.5-2 MiB) in two
+caches keyed by the shape, ideep's and oneDNN's own, each holding up to 1,024 entries.
+A step's row count is its token count, which takes almost every value up to the token
+budget under load, so giving oneDNN each step's rows made resident memory grow by
+hundreds of MiB. The packed path therefore hands oneDNN only the row counts of
+:data:`KERNEL_ROWS`: a step's rows run as pieces of powers of two from 64 rows up
+(at most :data:`PIECE_MAX`), and the last piece of fewer than 64 rows is padded with zero
+rows to a multiple of 8 (at most 13 shapes per weight, plain and with the residual add).
+A row's bits do not depend on the piece it runs in (tested against one call over all the
+rows); a step whose row count is a piece size (a full chunk) runs as one call, no copy.
 """
 from __future__ import annotations
 
@@ -27,6 +38,46 @@ import torch.nn.functional as F
 from prefixcache.model.kernels import small_gemm
 
 BATCH_HINT = 8  # rows the packed layout is tuned for (decode batches)
+PIECE_MIN = 64  # row pieces of at least this many rows are powers of two
+PIECE_MAX = 2048  # the largest row piece
+PAD_ROWS = 8  # a last piece below PIECE_MIN is padded to a multiple of this
+KERNEL_ROWS = (tuple(range(PAD_ROWS, PIECE_MIN, PAD_ROWS))
+               + tuple(1 << k for k in range(PIECE_MIN.bit_length() - 1,
+                                             PIECE_MAX.bit_length())))
+"""Every row count the packed path hands oneDNN: 8, 16, ..., 56, then 64, 128, ..., 2048."""
+
+
+def row_pieces(rows: int) -> list[tuple[int, int, int]]:
+    """How ``rows`` rows run on the packed path: ``(start, rows, kernel_rows)`` per piece,
+    in order, covering ``[0, rows)``; ``kernel_rows`` (in :data:`KERNEL_ROWS`) exceeds
+    ``rows`` only for a padded last piece.
+
+    Raises:
+        ValueError: ``rows`` < 1.
+    """
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    pieces, start = [], 0
+    while rows - start >= PIECE_MIN:
+        n = min(1 << ((rows - start).bit_length() - 1), PIECE_MAX)
+        pieces.append((start, n, n))
+        start += n
+    if start < rows:
+        n = rows - start
+        pieces.append((start, n, -(-n // PAD_ROWS) * PAD_ROWS))
+    return pieces
+
+
+def _onednn_linear(x: torch.Tensor, packed: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's packed ``x @ W.T + bias``: ``[M, out]`` for contiguous ``x [M, in]``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _onednn_linear_add(x: torch.Tensor, residual: torch.Tensor, packed: torch.Tensor,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's packed ``x @ W.T + bias + residual`` (the add in the epilogue), ``[M, out]``."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, packed, bias, "add")
 
 
 class PackedLinear:
@@ -80,8 +131,31 @@ class PackedLinear:
             return y if residual is None else residual + y
         y_shape = (x.shape[0], self.weight.shape[0])
         if residual is None or residual.shape != y_shape or residual.dtype != x.dtype:
-            y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias,
-                                                   "none", [], "")
+            y = self._packed_rows(x.contiguous(), None)
             return y if residual is None else residual + y  # broadcasting, promotion
-        return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual.contiguous(),
-                                                         self._packed, self.bias, "add")
+        return self._packed_rows(x.contiguous(), residual.contiguous())
+
+    def _packed_rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The packed kernel over contiguous ``x [M, in]`` (plus contiguous ``residual
+        [M, out]``) in the pieces of :func:`row_pieces`, so that oneDNN sees only the row
+        counts of :data:`KERNEL_ROWS`."""
+        assert self._packed is not None
+        pieces = row_pieces(x.shape[0])
+        if len(pieces) == 1 and pieces[0][1] == pieces[0][2]:
+            return self._kernel(x, residual)
+        y = torch.empty(x.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
+        for start, n, kernel_rows in pieces:
+            xs = x[start:start + n]
+            rs = None if residual is None else residual[start:start + n]
+            if kernel_rows != n:
+                xs = torch.cat([xs, xs.new_zeros(kernel_rows - n, xs.shape[1])])
+                if rs is not None:
+                    rs = torch.cat([rs, rs.new_zeros(kernel_rows - n, rs.shape[1])])
+            y[start:start + n] = self._kernel(xs, rs)[:n]
+        return y
+
+    def _kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        assert self._packed is not None
+        if residual is None:
+            return _onednn_linear(x, self._packed, self.bias)
+        return _onednn_linear_add(x, residual, self._packed, self.bias)
