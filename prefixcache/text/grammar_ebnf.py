@@ -32,10 +32,21 @@ def json_schema_grammar(schema: dict[str, Any] | str, *, any_whitespace: bool = 
     """
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
-        return xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace,
-                                            strict_mode=True)
+        grammar = xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace,
+                                               strict_mode=True)
+        ebnf = str(grammar)
+        if _LOOSE_CHAR in ebnf:
+            grammar = xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_CHAR, _JSON_CHAR))
+        return grammar
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError/InvalidJSONError
-        raise ParamError(param, f"cannot be compiled: {_first_line(exc)}") from None
+        raise ParamError(param, f"cannot be compiled: {xgrammar_error_text(exc)}") from None
+
+
+# xgrammar writes the characters of a length-bounded string (minLength/maxLength) as
+# any character but quote, backslash, CR and LF: other control characters are invalid
+# unescaped in JSON, so they are excluded too.
+_LOOSE_CHAR = r'[^\"\\\r\n]'
+_JSON_CHAR = r'[^\0-\x1f\"\\]'
 
 
 def json_schema_ebnf(schema: dict[str, Any] | str, *, any_whitespace: bool = True) -> str:
@@ -107,6 +118,7 @@ def _fresh_name(ebnf: str, base: str) -> str:
 _WHERE = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # xgrammar's "[time] file.cc:line: "
 
 
-def _first_line(exc: Exception) -> str:
+def xgrammar_error_text(exc: Exception) -> str:
+    """The first line of an xgrammar error, without its ``[time] file.cc:line:`` prefix."""
     text = str(exc).strip() or type(exc).__name__
     return _WHERE.sub("", text.splitlines()[0])[:500]
