@@ -169,8 +169,8 @@ class GrammarEngine:
         if spec.json is not None:
             return c.compile_grammar(json_schema_grammar(spec.json, any_whitespace=ws))
         if spec.json_object:
-            return c.compile_json_schema('{"type": "object"}', any_whitespace=ws,
-                                         strict_mode=False)
+            return c.compile_grammar(json_schema_grammar({"type": "object"}, any_whitespace=ws,
+                                                         strict=False))
         if spec.regex is not None:
             return c.compile_regex(spec.regex)
         if spec.choice is not None:
