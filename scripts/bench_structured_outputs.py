@@ -30,12 +30,12 @@ sys.path.insert(0, str(REPO))
 
 from prefixcache import LLM, SamplingParams  # noqa: E402
 from prefixcache.model import registry  # noqa: E402
-from prefixcache.sampling_params import StructuredOutputsParams  # noqa: E402
-from prefixcache.text.grammar import (  # noqa: E402
+from prefixcache.model.grammar import (  # noqa: E402
     GrammarEngine,
     allocate_bitmask,
     apply_bitmask,
 )
+from prefixcache.sampling_params import StructuredOutputsParams  # noqa: E402
 
 SCHEMAS = {
     "city": {"type": "object", "properties": {"city": {"type": "string"},

@@ -15,8 +15,8 @@ import torch
 
 from helpers.data import shared_data
 from prefixcache.model.builtin import tiny_tokenizer
+from prefixcache.model.grammar import GrammarEngine, allocate_bitmask, apply_bitmask
 from prefixcache.sampling_params import ParamError, StructuredOutputsParams
-from prefixcache.text.grammar import GrammarEngine, allocate_bitmask, apply_bitmask
 from prefixcache.text.grammar_ebnf import (
     ebnf_literal,
     json_schema_ebnf,
