@@ -14,6 +14,7 @@ not seen), so recomputing a preempted request's KV never advances it twice.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import OrderedDict
@@ -75,6 +76,12 @@ class GrammarMatcher:
     def __init__(self, compiled: xgr.CompiledGrammar):
         self._m = xgr.GrammarMatcher(compiled)
         self.num_accepted = 0
+
+    def fork(self) -> GrammarMatcher:
+        """An independent copy at the same position (parallel samples of one prompt)."""
+        twin = copy.copy(self)
+        twin._m = self._m.fork()
+        return twin
 
     def advance(self, output_token_ids: list[int]) -> None:
         """Accept ``output_token_ids[num_accepted:]`` (the request's tokens not yet seen).
