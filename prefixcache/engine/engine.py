@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -32,6 +33,7 @@ from prefixcache.engine.output_processor import OutputProcessor
 from prefixcache.engine.request import Request, RequestStatus
 from prefixcache.engine.sample_group import SampleGroup, member_id, member_params
 from prefixcache.engine.scheduler import ScheduledSeq, Scheduler
+from prefixcache.model.grammar import GrammarEngine
 from prefixcache.model.loader import LoadedModel, load_model
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams, check_namespace
@@ -108,6 +110,8 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
         self.groups: dict[str, SampleGroup] = {}  # live n > 1 requests, by request id
+        self._grammar: GrammarEngine | None = None  # built on the first structured request
+        self._grammar_lock = threading.Lock()
         self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "steps": 0, "failed_steps": 0, "requests_finished": 0,
                          "requests_aborted": 0}
@@ -122,7 +126,9 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise :class:`ParamError` naming the bad parameter."""
+        """Raise :class:`ParamError` naming the bad parameter. Safe from any thread; with
+        ``params.structured_outputs`` it compiles the grammar into the cache (a miss can
+        take a while: the server calls it off its event loop)."""
         if not prompt_token_ids:
             raise ParamError("prompt", "the prompt is empty")
         vocab = self.model_config.vocab_size
@@ -142,6 +148,39 @@ class LLMEngine:
         if n + params.min_tokens > self.max_model_len:
             raise ParamError("min_tokens", f"min_tokens={params.min_tokens} plus the prompt's "
                              f"{n} tokens can never be generated: {self._context_limit}")
+        if params.structured_outputs is not None:
+            # the grammar decides where the output ends: EOS only once it is complete
+            if params.ignore_eos:
+                raise ParamError("ignore_eos", "cannot be combined with structured outputs "
+                                 "(the output ends where the grammar is complete)")
+            if params.min_tokens:
+                raise ParamError("min_tokens", "cannot be combined with structured outputs "
+                                 "(the output ends where the grammar is complete)")
+            self.grammar.compile(params.structured_outputs)  # cached: add_request reuses it
+
+    @property
+    def grammar(self) -> GrammarEngine:
+        """The structured-output grammar engine (built on first use: it reads the whole
+        vocabulary).
+
+        Raises:
+            ParamError: the model has no tokenizer, or one without token bytes
+                (``param`` is ``structured_outputs``).
+        """
+        with self._grammar_lock:
+            return self._grammar_engine()
+
+    def _grammar_engine(self) -> GrammarEngine:
+        if self._grammar is None:
+            if self.tokenizer is None:
+                raise ParamError("structured_outputs", "the model has no tokenizer")
+            try:
+                self._grammar = GrammarEngine(self.tokenizer, self.model_config.vocab_size,
+                                              self.outputs.eos_token_ids,
+                                              max_threads=max(1, torch.get_num_threads()))
+            except ValueError as exc:
+                raise ParamError("structured_outputs", str(exc)) from None
+        return self._grammar
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, *, prompt: str | None = None,
@@ -187,6 +226,8 @@ class LLMEngine:
                           index=i)
             if sp.seed is not None:
                 req.generator = torch.Generator(device=self.device).manual_seed(sp.seed)
+            if sp.structured_outputs is not None:  # each sample runs its own matcher
+                req.grammar = self.grammar.matcher(sp.structured_outputs)
             self.outputs.start(req)
             self.requests[rid] = req
             members.append(req)
@@ -402,6 +443,8 @@ class LLMEngine:
             d.update(self.tiers.stats())
         if self.shared is not None:
             d.update(self.shared.stats())
+        if self._grammar is not None:
+            d.update(self._grammar.stats)
         return d
 
     def tenant_pages(self, tenants: Iterable[str] = ()
