@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prefixcache.text import tool_prompt
 from prefixcache.text.chat_template import ChatTemplateError
 from prefixcache.text.tokenizer import Offsets, Tokenizer
 
@@ -87,6 +88,7 @@ class HFTokenizer(Tokenizer):
                     add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; send a plain prompt")
+        messages, tools = tool_prompt.prepare(self.chat_template, messages, tools)
         schemas: Any = tools
         try:
             text = self._tok.apply_chat_template(messages, tools=schemas, tokenize=False,

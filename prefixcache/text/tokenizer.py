@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from prefixcache.text import tool_prompt
 from prefixcache.text.chat_template import render_chat_template
 
 Offsets = list[tuple[int, int]]  # per token: [start, end) character offsets in the text
@@ -78,7 +79,9 @@ class Tokenizer(ABC):
     def render_chat(self, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None = None,
                     add_generation_prompt: bool = True) -> str:
-        """Prompt text of a conversation (OpenAI-style message dicts).
+        """Prompt text of a conversation (OpenAI-style message dicts). Tools and tool
+        calls go through :func:`.tool_prompt.prepare` first (a template without tool
+        syntax gets the Hermes fallback).
 
         Raises:
             ValueError: there is no chat template.
@@ -86,6 +89,7 @@ class Tokenizer(ABC):
         """
         if not self.chat_template:
             raise ValueError("this model has no chat template; send a plain prompt")
+        messages, tools = tool_prompt.prepare(self.chat_template, messages, tools)
         return render_chat_template(self.chat_template, messages, tools,
                                     add_generation_prompt, **self.template_vars)
 
