@@ -8,6 +8,7 @@ tokenizes prompts or renders the chat template off the event loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import uuid
@@ -27,6 +28,7 @@ from prefixcache.server.protocol import (
     message_dicts,
 )
 from prefixcache.server.responses import Prepared
+from prefixcache.server.tools import ToolPlan, plan_tools
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +43,14 @@ class RequestPreparer:
         tokenizer: the model's tokenizer (``None``: token-id prompts only).
         model_names: the names clients may send as ``model`` (first is reported).
         validate: ``LLMEngine.validate`` (pure: reads the vocabulary and context length).
+        tool_parser: the tool-call parser's name (:func:`.tools.choose_parser`).
     """
 
     def __init__(self, *, tokenizer: Any, model_names: list[str],
-                 validate: Callable[[list[int], SamplingParams], None]):
+                 validate: Callable[[list[int], SamplingParams], None],
+                 tool_parser: str = "hermes"):
         self.tokenizer = tokenizer
+        self.tool_parser = tool_parser
         self.model_names = list(model_names)
         self.validate = validate
         # Tokenization and chat templates run off the event loop, one at a time (Hugging
@@ -105,6 +110,10 @@ class RequestPreparer:
             raise bad_request(f"{name} must be at least 1 here, got {asked}; max_tokens 0 "
                               "(prefill only) is a /v1/completions feature", name)
         params = self._sampling_params(req, rename=rename)
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                          self.tool_parser)
+        if plan is not None:
+            params = self._constrain(plan, params)
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer, so no chat template", "messages")
         messages = message_dicts(req)
@@ -121,7 +130,20 @@ class RequestPreparer:
         top = (req.top_logprobs or 0) if req.logprobs else None
         return Prepared("chat", f"chatcmpl-{uuid.uuid4().hex}", model, [(ids, None)], params,
                         bool(req.stream), *self._stream_opts(req), False, top,
-                        req.cache_salt, arrival, request_pin_ttl(req))
+                        req.cache_salt, arrival, request_pin_ttl(req), plan)
+
+    @staticmethod
+    def _constrain(plan: ToolPlan, params: SamplingParams) -> SamplingParams:
+        """``params`` for a request whose reply is parsed for calls: markers that are
+        special tokens are kept in the text; a forced choice is refused (no structured
+        output engine yet)."""
+        if plan.forced:
+            raise bad_request("tool_choice 'required' or a named function needs "
+                              "constrained decoding, which this server does not have",
+                              "tool_choice")
+        if plan.parser is not None and not plan.parser.skip_special_tokens:
+            params = dataclasses.replace(params, skip_special_tokens=False)
+        return params
 
     # -- checks ----------------------------------------------------------------------------
     def _check_model(self, model: str | None) -> str:

@@ -55,14 +55,16 @@ class OpenAIServing:
         drain: the app's shutdown state (default: one that never begins).
         max_prompts_queued: the engine's ``max_waiting_requests`` (``None``: no limit);
             a request with more prompts can never be admitted.
+        tool_parser: the tool-call parser's name (:func:`.tools.choose_parser`).
     """
 
     def __init__(self, engine: AsyncEngine, *, tokenizer: Any, model_names: list[str],
                  validate: Callable[[list[int], SamplingParams], None],
-                 drain: Drain | None = None, max_prompts_queued: int | None = None):
+                 drain: Drain | None = None, max_prompts_queued: int | None = None,
+                 tool_parser: str = "hermes"):
         self.engine = engine
         self.prepare = RequestPreparer(tokenizer=tokenizer, model_names=model_names,
-                                       validate=validate)
+                                       validate=validate, tool_parser=tool_parser)
         self.render = ResponseRenderer(tokenizer)
         self.drain = drain or Drain()
         self.max_prompts_queued = max_prompts_queued

@@ -155,7 +155,7 @@ def _loads(text: str) -> object:
 def _as_call(obj: object, keys: tuple[str, ...]) -> PartialCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
-    args = next((obj[k] for k in keys if k in obj), {})
+    args: object = next((obj[k] for k in keys if k in obj), {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
         args = _loads(args)
     if not isinstance(args, dict):
