@@ -1,4 +1,5 @@
-"""Per-request sampling parameters, shaped like vLLM's ``SamplingParams``.
+"""Per-request sampling parameters, shaped like vLLM's ``SamplingParams``, and the
+structured-output constraint they may carry (``StructuredOutputsParams``, vLLM's name).
 
 Every field is validated in ``__post_init__``; a bad value raises ``ValueError`` whose
 message starts with the parameter's name, so the server can map it to an OpenAI-style
@@ -6,8 +7,10 @@ error object with ``param`` set.
 """
 from __future__ import annotations
 
+import json as _json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_BYTES = 4096        # all stop strings together, UTF-8 bytes
@@ -50,6 +53,10 @@ class SamplingParams:
         prompt_logprobs: return prompt-token logprobs; such requests do not read cached
             pages (cached positions have no logits) but still publish theirs.
         skip_special_tokens: drop special tokens from the detokenized text.
+        structured_outputs: a :class:`StructuredOutputsParams` the output must match (a
+            token mask applied before sampling; EOS only where the grammar is complete; the
+            request stops with ``"stop"`` when the grammar can take no further token).
+            A dict is accepted and converted (vLLM's body shape).
 
     Raises:
         ParamError: a field is invalid; ``param`` names it.
@@ -73,6 +80,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    structured_outputs: StructuredOutputsParams | None = None
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,6 +120,12 @@ class SamplingParams:
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
         _check(self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0")
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+        _check(self.structured_outputs is None
+               or isinstance(self.structured_outputs, StructuredOutputsParams),
+               "structured_outputs", "must be a StructuredOutputsParams, a dict or None, got "
+               f"{type(self.structured_outputs).__name__}")
 
     def _check_types(self) -> None:
         """Every numeric field has its type (a bool is neither an int nor a float here),
@@ -151,3 +165,137 @@ def check_namespace(**values: object) -> None:
 def _check(ok: bool, param: str, message: str) -> None:
     if not ok:
         raise ParamError(param, message)
+
+
+# -- structured outputs ------------------------------------------------------------------
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+MAX_SPEC_BYTES = 1 << 20     # a schema, regex or grammar: at most 1 MiB of UTF-8 text
+MAX_CHOICES = 4096
+
+
+@dataclass(frozen=True, eq=False)
+class StructuredOutputsParams:
+    """Exactly one of the constraint kinds (vLLM's field names).
+
+    Attributes:
+        json: a JSON schema, as a dict or as JSON text; the output is one JSON value that
+            validates against it (``additionalProperties`` is honoured as written).
+        regex: a regular expression the whole output matches.
+        choice: non-empty strings; the output is exactly one of them.
+        grammar: a grammar in xgrammar's EBNF dialect (GBNF-like, ``root ::= ...``); the
+            output is a sentence of its ``root`` rule. Literal text and JSON rules mix
+            freely (see ``text/grammar.py``'s helpers that build such grammars).
+        json_object: ``True``: the output is any JSON object (``response_format``
+            ``{"type": "json_object"}``).
+        disable_any_whitespace: JSON kinds only: emit JSON without free whitespace
+            (one space after ``:`` and ``,``, none elsewhere) instead of allowing any.
+
+    The stored ``json`` is the parsed schema (a dict); :meth:`key` is a canonical text
+    of the whole specification (the compiled-grammar cache key).
+
+    Raises:
+        ParamError: not exactly one kind set, a field of the wrong type, an empty or
+            oversized value, or ``json`` text that is not a JSON object; ``param`` is
+            ``structured_outputs.<field>`` (or ``structured_outputs`` when the count of
+            kinds is wrong).
+    """
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        set_kinds = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        if len(set_kinds) != 1:
+            raise ParamError("structured_outputs", "exactly one of "
+                             f"{', '.join(KINDS)} must be set, got "
+                             f"{', '.join(set_kinds) if set_kinds else 'none'}")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise ParamError("structured_outputs.disable_any_whitespace", "must be a boolean")
+        kind = set_kinds[0]
+        param = f"structured_outputs.{kind}"
+        value = getattr(self, kind)
+        if kind == "json":
+            object.__setattr__(self, "json", _schema(value, param))
+        elif kind in ("regex", "grammar"):
+            if not isinstance(value, str) or not value.strip():
+                raise ParamError(param, "must be a non-empty string")
+            _check_size(value, param)
+        elif kind == "choice":
+            if (not isinstance(value, (list, tuple)) or not value
+                    or not all(isinstance(c, str) and c for c in value)):
+                raise ParamError(param, "must be a non-empty list of non-empty strings")
+            if len(value) > MAX_CHOICES:
+                raise ParamError(param, f"at most {MAX_CHOICES} choices, got {len(value)}")
+            _check_size("".join(value), param)
+            object.__setattr__(self, "choice", list(dict.fromkeys(value)))
+        elif value is not True:
+            raise ParamError(param, f"must be true or unset, got {value!r}")
+
+    @property
+    def kind(self) -> str:
+        """The constraint kind: one of :data:`KINDS`."""
+        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def param(self) -> str:
+        """The field's name for error messages: ``structured_outputs.<kind>``."""
+        return f"structured_outputs.{self.kind}"
+
+    def key(self) -> str:
+        """A canonical text of the specification: equal specifications (a schema's keys in
+        any order) give equal keys."""
+        value = getattr(self, self.kind)
+        body = _json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return f"{self.kind}|{int(self.disable_any_whitespace)}|{body}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StructuredOutputsParams) and self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    @classmethod
+    def from_dict(cls, d: Any, param: str = "structured_outputs") -> StructuredOutputsParams:
+        """Build from a request body's object (vLLM's ``structured_outputs`` field).
+
+        Raises:
+            ParamError: ``d`` is not an object, has an unknown key (named), or a field
+                is invalid.
+        """
+        if not isinstance(d, dict):
+            raise ParamError(param, "must be an object")
+        fields = set(KINDS) | {"disable_any_whitespace"}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ParamError(f"{param}.{unknown[0]}", "is not supported (supported: "
+                             f"{', '.join(sorted(fields))})")
+        return cls(**d)
+
+
+def _schema(value: Any, param: str) -> dict[str, Any]:
+    if isinstance(value, str):
+        _check_size(value, param)
+        try:
+            value = _json.loads(value)
+        except ValueError as exc:
+            raise ParamError(param, f"is not valid JSON: {exc}") from None
+    if isinstance(value, bool):  # JSON Schema allows true/false schemas
+        value = {} if value else {"not": {}}
+    if not isinstance(value, dict):
+        raise ParamError(param, f"must be a JSON schema object, got {type(value).__name__}")
+    try:
+        text = _json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ParamError(param, f"is not JSON-serializable: {exc}") from None
+    _check_size(text, param)
+    return value
+
+
+def _check_size(text: str, param: str) -> None:
+    n = len(text.encode("utf-8"))
+    if n > MAX_SPEC_BYTES:
+        raise ParamError(param, f"is {n} bytes; at most {MAX_SPEC_BYTES} are accepted")

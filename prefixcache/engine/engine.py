@@ -34,6 +34,7 @@ from prefixcache.engine.scheduler import ScheduledSeq, Scheduler
 from prefixcache.model.loader import LoadedModel, load_model
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams, check_namespace
+from prefixcache.text.grammar import GrammarEngine
 
 log = logging.getLogger(__name__)
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
@@ -105,6 +106,7 @@ class LLMEngine:
                 self.scheduler.remote_wait = self.shared.should_wait
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
+        self._grammar: GrammarEngine | None = None  # built on the first structured request
         self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "steps": 0, "failed_steps": 0, "requests_finished": 0,
                          "requests_aborted": 0}
@@ -139,6 +141,34 @@ class LLMEngine:
         if n + params.min_tokens > self.max_model_len:
             raise ParamError("min_tokens", f"min_tokens={params.min_tokens} plus the prompt's "
                              f"{n} tokens can never be generated: {self._context_limit}")
+        if params.structured_outputs is not None:
+            # the grammar decides where the output ends: EOS only once it is complete
+            if params.ignore_eos:
+                raise ParamError("ignore_eos", "cannot be combined with structured outputs "
+                                 "(the output ends where the grammar is complete)")
+            if params.min_tokens:
+                raise ParamError("min_tokens", "cannot be combined with structured outputs "
+                                 "(the output ends where the grammar is complete)")
+
+    @property
+    def grammar(self) -> GrammarEngine:
+        """The structured-output grammar engine (built on first use: it reads the whole
+        vocabulary).
+
+        Raises:
+            ParamError: the model has no tokenizer, or one without token bytes
+                (``param`` is ``structured_outputs``).
+        """
+        if self._grammar is None:
+            if self.tokenizer is None:
+                raise ParamError("structured_outputs", "the model has no tokenizer")
+            try:
+                self._grammar = GrammarEngine(self.tokenizer, self.model_config.vocab_size,
+                                              self.outputs.eos_token_ids,
+                                              max_threads=max(1, torch.get_num_threads()))
+            except ValueError as exc:
+                raise ParamError("structured_outputs", str(exc)) from None
+        return self._grammar
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, *, prompt: str | None = None,
@@ -176,6 +206,8 @@ class LLMEngine:
                       arrival_time=self.clock() if arrival_time is None else arrival_time)
         if params.seed is not None:
             req.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        if params.structured_outputs is not None:
+            req.grammar = self.grammar.matcher(params.structured_outputs)
         self.outputs.start(req)
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -326,6 +358,8 @@ class LLMEngine:
             d.update(self.tiers.stats())
         if self.shared is not None:
             d.update(self.shared.stats())
+        if self._grammar is not None:
+            d.update(self._grammar.stats)
         return d
 
     def tenant_pages(self, tenants: Iterable[str] = ()

@@ -34,6 +34,7 @@ from prefixcache.model.sampler import (
     sample,
     token_logprobs,
 )
+from prefixcache.text.grammar import allocate_bitmask
 
 Forward = Callable[[ForwardBatch, KVPool], torch.Tensor]
 
@@ -115,6 +116,7 @@ class ModelRunner:
                                  else lambda batch, kv: model.forward(batch, kv))
         self.sync: Callable[[], None] = device_sync(self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self._bitmask: torch.Tensor | None = None  # structured outputs' token bitmask, reused
 
     def run(self, scheduled: list[ScheduledSeq]) -> StepResult:
         """Run one step; returns only after the device finished it.
@@ -210,8 +212,24 @@ class ModelRunner:
         picked = logits if rows == list(range(logits.shape[0])) else logits[rows]
         tokens, lps = sample(picked, [r.sampling_params for r in reqs],
                              [r.generator for r in reqs], [self._penalties(r) for r in reqs],
-                             self.generator)
+                             self.generator, self._grammar_mask(reqs))
         return list(zip(samplers, tokens, lps))
+
+    def _grammar_mask(self, reqs: list[Request]) -> tuple[torch.Tensor, list[int]] | None:
+        """The step's token bitmask (CPU, one row per sampling request) and the rows with
+        a grammar, or ``None`` when no request has one. Each matcher is first brought up
+        to date with its request's output tokens (a no-op unless a token was appended
+        outside ``OutputProcessor``)."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        if self._bitmask is None or self._bitmask.shape[0] < len(reqs):
+            self._bitmask = allocate_bitmask(max(len(reqs), 8), self.vocab_size)
+        bitmask = self._bitmask[:len(reqs)]
+        for i in rows:
+            reqs[i].grammar.advance(reqs[i].output_token_ids)
+            reqs[i].grammar.fill_bitmask(bitmask, i)
+        return bitmask, rows
 
     def _penalties(self, req: Request) -> PenaltyCounts | None:
         """The request's penalty counts, brought up to date by the tokens generated since

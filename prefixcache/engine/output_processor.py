@@ -18,7 +18,8 @@ from prefixcache.text.tokenizer import Tokenizer
 class OutputProcessor:
     """Detokenizes incrementally and decides when a request stops.
 
-    Stop conditions, checked after every token in this order: a stop token id or EOS
+    Stop conditions, checked after every token in this order: the request's grammar
+    (structured outputs) accepted a stop token (``"stop"``), a stop token id or EOS
     (``finish_reason="stop"``; EOS ignored with ``ignore_eos`` and before ``min_tokens``),
     a stop string in the new text (``"stop"``, the text is cut before it unless
     ``include_stop_str_in_output``), ``max_tokens`` or the context length (``"length"``).
@@ -56,6 +57,11 @@ class OutputProcessor:
             req.logprobs.append(self.logprob_dict(lp))
             req.cumulative_logprob = (req.cumulative_logprob or 0.0) + lp.logprob
         n_out = req.num_output_tokens
+        if req.grammar is not None:
+            req.grammar.advance(req.output_token_ids)
+            if req.grammar.terminated:  # it accepted a stop token: not text
+                self._flush(req)
+                return "stop"
         if n_out >= p.min_tokens:
             if token in req.stop_ids:
                 req.stop_reason = token

@@ -8,8 +8,12 @@ samples exactly from ``p``. A request with a ``seed`` owns a ``torch.Generator``
 with it and draws one noise vector per output token, so its tokens depend only on its
 seed and its logits, never on the cache state or the rest of the batch.
 
+Structured outputs: rows with a grammar get its token bitmask (``-inf`` on the tokens
+the grammar does not allow) before penalties and truncation, by xgrammar's kernel over
+the whole batch at once.
+
 Logprobs are of the model's raw distribution (``log_softmax`` of the logits before
-temperature and truncation), as vLLM returns by default.
+temperature, truncation and the grammar mask), as vLLM returns by default.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from prefixcache.sampling_params import SamplingParams
+from prefixcache.text.grammar import apply_bitmask
 
 
 @dataclass
@@ -124,6 +129,7 @@ def _sample_row(row: torch.Tensor, p: SamplingParams, counts: PenaltyCounts | No
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None], penalties: list[PenaltyCounts | None],
            default_generator: torch.Generator | None = None,
+           grammar_mask: tuple[torch.Tensor, list[int]] | None = None,
            ) -> tuple[list[int], list[TokenLogprobs | None]]:
     """Pick one token per row.
 
@@ -134,14 +140,21 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         penalties: per row, the request's up-to-date :class:`PenaltyCounts`, or ``None``
             (no penalty set: nothing about its history is read).
         default_generator: for unseeded random rows.
+        grammar_mask: ``(bitmask, rows)``: int32 ``[S, ceil(V / 32)]`` token bitmask
+            and the rows it constrains (structured outputs); those rows sample only
+            allowed tokens. ``None``: no row is constrained.
 
     Returns:
         The ``S`` token ids, and per row the logprobs if ``params[i].logprobs`` is set.
     """
+    picked = logits
+    if grammar_mask is not None and grammar_mask[1]:
+        picked = logits.clone()  # logprobs stay those of the raw distribution
+        apply_bitmask(picked, grammar_mask[0], grammar_mask[1])
     if params and all(p.temperature == 0.0 and c is None for p, c in zip(params, penalties)):
-        tokens = torch.argmax(logits, dim=-1).tolist()  # all greedy: one batched argmax
+        tokens = torch.argmax(picked, dim=-1).tolist()  # all greedy: one batched argmax
     elif params:  # one device-to-host copy for the whole step
-        tokens = torch.stack([_sample_row(logits[i], p, penalties[i],
+        tokens = torch.stack([_sample_row(picked[i], p, penalties[i],
                                           generators[i] or default_generator)
                               for i, p in enumerate(params)]).tolist()
     else:

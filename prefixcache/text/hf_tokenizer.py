@@ -67,6 +67,11 @@ class HFTokenizer(Tokenizer):
         return len(self._tok)
 
     @property
+    def backend(self) -> Any:
+        """The transformers tokenizer itself (the grammar engine reads its vocabulary)."""
+        return self._tok
+
+    @property
     def all_special_ids(self) -> list[int]:
         return sorted(set(self._tok.all_special_ids))
 

@@ -4,6 +4,7 @@ config files beside it (:mod:`.tokenizer_files`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefixcache.text.tokenizer import Offsets, Tokenizer
 from prefixcache.text.tokenizer_files import (
@@ -68,6 +69,11 @@ class JSONTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def backend(self) -> Any:
+        """The ``tokenizers.Tokenizer`` itself (the grammar engine reads its vocabulary)."""
+        return self._tok
 
     @property
     def all_special_ids(self) -> list[int]:

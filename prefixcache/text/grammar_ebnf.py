@@ -1,0 +1,124 @@
+"""EBNF text for structured outputs, in xgrammar's dialect (``root ::= ...``).
+
+Builders for the grammars a server composes: a JSON schema as EBNF rules
+(:func:`json_schema_ebnf`), a literal string (:func:`ebnf_literal`), and tool calls
+wrapped in literal markers (:func:`tool_call_grammar`). Each returns EBNF text to pass as
+``StructuredOutputsParams(grammar=...)``; xgrammar renames the rules of composed
+grammars, so several schemas never clash.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import xgrammar as xgr
+
+from prefixcache.sampling_params import ParamError
+
+
+def json_schema_grammar(schema: dict[str, Any] | str, *, any_whitespace: bool = True,
+                        param: str = "structured_outputs.json") -> xgr.Grammar:
+    """xgrammar's grammar of the JSON values that validate against ``schema``.
+
+    Args:
+        schema: a JSON schema (dict or JSON text).
+        any_whitespace: allow any whitespace between JSON tokens; ``False`` fixes it (one
+            space after ``:`` and ``,``).
+        param: the name in the error raised for a schema xgrammar cannot convert.
+
+    Raises:
+        ParamError: the schema is invalid or uses a feature xgrammar does not support.
+    """
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    try:
+        grammar = xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace,
+                                               strict_mode=True)
+        ebnf = str(grammar)
+        if _LOOSE_CHAR in ebnf:
+            grammar = xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_CHAR, _JSON_CHAR))
+        return grammar
+    except Exception as exc:  # xgrammar raises RuntimeError/ValueError/InvalidJSONError
+        raise ParamError(param, f"cannot be compiled: {xgrammar_error_text(exc)}") from None
+
+
+# xgrammar writes the characters of a length-bounded string (minLength/maxLength) as
+# any character but quote, backslash, CR and LF: other control characters are invalid
+# unescaped in JSON, so they are excluded too.
+_LOOSE_CHAR = r'[^\"\\\r\n]'
+_JSON_CHAR = r'[^\0-\x1f\"\\]'
+
+
+def json_schema_ebnf(schema: dict[str, Any] | str, *, any_whitespace: bool = True) -> str:
+    """EBNF text (``root`` rule first) of the JSON values that validate against
+    ``schema``. Raises ParamError as :func:`json_schema_grammar`."""
+    return str(json_schema_grammar(schema, any_whitespace=any_whitespace))
+
+
+def ebnf_literal(text: str) -> str:
+    """``text`` as an EBNF string literal (quotes and control characters escaped)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def tool_call_grammar(begin: str, schemas: list[dict[str, Any]], end: str,
+                      min_calls: int = 1, max_calls: int | None = None, *,
+                      separator: str = "\n", any_whitespace: bool = False) -> str:
+    """EBNF text of tool calls: ``min_calls`` to ``max_calls`` (``None``: no bound) calls
+    separated by ``separator``, each ``begin``, one JSON value that validates against
+    one of ``schemas``, then ``end``. For Hermes-style templates: ``begin="<tool_call>\\n"``,
+    ``end="\\n</tool_call>"``, one schema per tool of the shape ``{"type": "object",
+    "properties": {"name": {"const": NAME}, "arguments": PARAMETERS}, "required":
+    ["name", "arguments"]}``.
+
+    Raises:
+        ValueError: no schema, ``min_calls < 0``, ``max_calls < max(min_calls, 1)``.
+        ParamError: a schema xgrammar cannot convert (``param`` is ``tools``).
+    """
+    if not schemas:
+        raise ValueError("tool_call_grammar needs at least one schema")
+    if min_calls < 0 or (max_calls is not None and max_calls < max(min_calls, 1)):
+        raise ValueError(f"bad call bounds: min_calls={min_calls}, max_calls={max_calls}")
+    values = xgr.Grammar.union(*[json_schema_grammar(s, any_whitespace=any_whitespace,
+                                                     param="tools") for s in schemas])
+    call = xgr.Grammar.concat(xgr.Grammar.from_ebnf(f"root ::= {ebnf_literal(begin)}"),
+                              values,
+                              xgr.Grammar.from_ebnf(f"root ::= {ebnf_literal(end)}"))
+    name = _fresh_name(str(call), "tool_call")
+    lines = str(call).splitlines()
+    assert lines[0].startswith("root ::= ")  # xgrammar prints the root rule first
+    body = [f"{name} ::= {lines[0][len('root ::= '):]}"] + lines[1:]
+    rest = f"({ebnf_literal(separator)} {name})"
+    if max_calls is None:
+        more = f"{rest}*"
+    elif max_calls > 1:
+        more = f"{rest}{{0, {max_calls - 1}}}"
+    else:
+        more = ""
+    one_or_more = f"{name} {more}".strip()
+    if min_calls == 0:
+        root = f'root ::= "" | ({one_or_more})'
+    elif min_calls == 1:
+        root = f"root ::= {one_or_more}"
+    else:
+        upper = "" if max_calls is None else str(max_calls - 1)
+        root = f"root ::= {name} {rest}{{{min_calls - 1}, {upper or -1}}}"
+    text = "\n".join([root, *body]) + "\n"
+    return str(xgr.Grammar.from_ebnf(text))  # checks it and normalizes the rules
+
+
+def _fresh_name(ebnf: str, base: str) -> str:
+    taken = {line.split(" ::= ", 1)[0] for line in ebnf.splitlines() if " ::= " in line}
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+_WHERE = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # xgrammar's "[time] file.cc:line: "
+
+
+def xgrammar_error_text(exc: Exception) -> str:
+    """The first line of an xgrammar error, without its ``[time] file.cc:line:`` prefix."""
+    text = str(exc).strip() or type(exc).__name__
+    return _WHERE.sub("", text.splitlines()[0])[:500]
