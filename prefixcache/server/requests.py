@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prefixcache.cache.pins import MAX_PIN_TTL_S, MIN_PIN_TTL_S
-from prefixcache.sampling_params import ParamError, SamplingParams
+from prefixcache.sampling_params import ParamError, SamplingParams, StructuredOutputsParams
 from prefixcache.server.errors import APIError, bad_request
 from prefixcache.server.logsafe import name_list
 from prefixcache.server.protocol import (
@@ -28,7 +28,7 @@ from prefixcache.server.protocol import (
     message_dicts,
 )
 from prefixcache.server.responses import Prepared
-from prefixcache.server.tools import ToolPlan, plan_tools
+from prefixcache.server.tools import ToolPlan, forced_grammar, plan_tools
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +135,17 @@ class RequestPreparer:
     @staticmethod
     def _constrain(plan: ToolPlan, params: SamplingParams) -> SamplingParams:
         """``params`` for a request whose reply is parsed for calls: markers that are
-        special tokens are kept in the text; a forced choice is refused (no structured
-        output engine yet)."""
+        special tokens are kept in the text; a forced choice is a grammar."""
+        if plan.forced and params.structured_outputs is not None:
+            raise bad_request("tool_choice 'required' or a named function cannot be "
+                              "combined with another output constraint", "tool_choice")
+        changes: dict[str, Any] = {}
         if plan.forced:
-            raise bad_request("tool_choice 'required' or a named function needs "
-                              "constrained decoding, which this server does not have",
-                              "tool_choice")
+            changes["structured_outputs"] = StructuredOutputsParams(
+                grammar=forced_grammar(plan))
         if plan.parser is not None and not plan.parser.skip_special_tokens:
-            params = dataclasses.replace(params, skip_special_tokens=False)
-        return params
+            changes["skip_special_tokens"] = False
+        return dataclasses.replace(params, **changes) if changes else params
 
     # -- checks ----------------------------------------------------------------------------
     def _check_model(self, model: str | None) -> str:

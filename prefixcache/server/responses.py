@@ -165,10 +165,11 @@ class ResponseRenderer:
             deltas = tool_deltas(parser, delta, finish is not None)
             if finish is not None and parser.calls_started and finish == "stop":
                 finish = "tool_calls"
-            if not deltas and finish is None:
-                deltas = [{}] if lp is not None else []
-            for k, d in enumerate(deltas or [{}]):
-                last = k == max(len(deltas), 1) - 1
+            if not deltas and finish is None and lp is None:
+                return chunks  # nothing certain yet (a tag or an argument being written)
+            deltas = deltas or [{}]
+            for k, d in enumerate(deltas):
+                last = k == len(deltas) - 1
                 choice = {"index": idx, "delta": d, "logprobs": lp if k == 0 else None,
                           "finish_reason": finish if last else None}
                 if last and finish is not None:

@@ -17,16 +17,23 @@ syntax, or a template with a syntax we do not know, which should then be named).
 named function     the output is constrained to one call of that function
 =================  ==============================================================
 
-A constrained choice needs the structured-output engine; where it is missing the
-request gets 400 naming ``tool_choice``. ``parallel_tool_calls: false`` under
-``"required"`` allows exactly one call.
+A constrained choice is a grammar (:func:`forced_grammar`, built with
+:func:`prefixcache.text.grammar_ebnf.tool_call_grammar`) in the parser's own syntax: one
+call object per tool, ``{"name": <the tool's name>, "arguments": <its parameters
+schema>}`` (``"parameters"`` for ``llama3_json``), with ``json.dumps`` spacing, so a
+forced call renders back through the template exactly as it was generated.
+``parallel_tool_calls: false`` and a named function allow exactly one call. The
+``mistral`` syntax's markers are special tokens, which a grammar cannot write: a forced
+choice there is a 400 naming ``tool_choice``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefixcache.sampling_params import ParamError
 from prefixcache.server.errors import bad_request
+from prefixcache.text.grammar_ebnf import tool_call_grammar
 from prefixcache.text.tool_parsers.base import ToolParser
 from prefixcache.text.tool_parsers.registry import PARSERS, detect_parser, get_parser
 
@@ -119,4 +126,35 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, parser_name:
     return ToolPlan(get_parser(parser_name), choice, defs, parallel is not False)
 
 
-__all__ = ["PARSERS", "ToolPlan", "check_tools", "choose_parser", "plan_tools"]
+# per parser: (begin, end, separator between calls, the arguments key)
+_FORCED_SYNTAX = {
+    "hermes": ("<tool_call>\n", "\n</tool_call>", "\n", "arguments"),
+    "llama3_json": ("", "", "; ", "parameters"),
+}
+
+
+def forced_grammar(plan: ToolPlan) -> str:
+    """EBNF of the calls a forced ``tool_choice`` allows. Raises APIError (400 naming
+    ``tool_choice`` for a parser without a forced form, ``tools`` for a parameters
+    schema the grammar engine cannot compile)."""
+    assert plan.parser is not None and plan.forced
+    syntax = _FORCED_SYNTAX.get(plan.parser.name)
+    if syntax is None:
+        raise bad_request(f"tool_choice {plan.choice!r} cannot be enforced with the "
+                          f"{plan.parser.name} tool-call syntax; use 'auto'", "tool_choice")
+    begin, end, sep, key = syntax
+    tools = plan.tools if plan.choice == "required" else [
+        t for t in plan.tools if t["name"] == plan.choice]
+    schemas = [{"type": "object", "properties": {"name": {"const": t["name"]},
+                                                 key: t["parameters"]},
+                "required": ["name", key], "additionalProperties": False} for t in tools]
+    one = plan.choice != "required" or not plan.parallel
+    try:
+        return tool_call_grammar(begin, schemas, end, 1, 1 if one else None, separator=sep)
+    except ParamError as exc:
+        text = str(exc).split(": ", 1)[-1]
+        raise bad_request(f"tools: a parameters schema {text}", "tools") from None
+
+
+__all__ = ["PARSERS", "ToolPlan", "check_tools", "choose_parser", "forced_grammar",
+           "plan_tools"]
