@@ -63,6 +63,8 @@ class Prepared:
     arrival: float
     pin_ttl_s: float | None = None             # the ``cache_ttl`` extension, seconds
     tools: ToolPlan | None = None              # chat: how the reply's calls are parsed
+    chat_text: str | None = None               # chat: the rendered prompt text
+    namespace: tuple | None = None             # chat: (tenant, cache_salt) of transcripts
 
 
 class ResponseRenderer:
