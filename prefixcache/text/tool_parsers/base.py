@@ -116,7 +116,8 @@ def call_object(text: str, pos: int, keys: tuple[str, ...]
     (``keys``: the names the arguments may have, ``arguments`` or ``parameters``).
 
     Returns ``(call, end)``: a complete call and the index after it; an incomplete
-    call (its name once complete, its arguments so far) and ``-1``; or ``(None, -2)``
+    call (its name once its arguments object has begun, its arguments so far) and
+    ``-1``; or ``(None, -2)``
     when the text there is complete JSON that is not a call (invalid). A complete
     call's arguments are the text the model wrote when it wrote the name first, so a
     stream's fragments add up to them."""
@@ -140,9 +141,10 @@ def call_object(text: str, pos: int, keys: tuple[str, ...]
     name = _loads(f'"{m.group(1)}"')
     if not isinstance(name, str):
         return PartialCall(None), -1
-    if not m.group(2):
-        return PartialCall(name), -1
-    return PartialCall(name, _args_span(text, m.end())[0]), -1
+    args = _args_span(text, m.end())[0] if m.group(2) else ""
+    if not args.startswith("{"):  # a call is shown once its arguments object begins
+        return PartialCall(None), -1
+    return PartialCall(name, args), -1
 
 
 def _loads(text: str) -> object:

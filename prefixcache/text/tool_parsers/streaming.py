@@ -10,7 +10,11 @@
 
 :meth:`StreamingToolParser.finish` parses the complete text (calls must be valid there)
 and sends the rest. Snapshots of a growing text only grow (see :mod:`.base`); a
-snapshot that would take back something already sent is not sent from.
+snapshot that would take back something already sent is not sent from. Limitation: a
+call is sent once its name and the start of its arguments object are written; if the
+output then ends before the call is complete (``max_tokens``), the fragments already
+sent stand and nothing more is sent (the finished response's body would show that
+text as content).
 """
 from __future__ import annotations
 
@@ -69,7 +73,10 @@ class StreamingToolParser:
 
     def finish(self) -> list[Event]:
         """The remaining events once the text is complete."""
-        return self._diff(self.parser.snapshot(self.text, final=True))
+        snap = self.parser.snapshot(self.text, final=True)
+        if len(snap.calls) < len(self._ids):  # a started call never completed: stop here
+            return []
+        return self._diff(snap)
 
     def _diff(self, snap: Snapshot) -> list[Event]:
         events: list[Event] = []
