@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -107,6 +108,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
         self._grammar: GrammarEngine | None = None  # built on the first structured request
+        self._grammar_lock = threading.Lock()
         self.counters = {"prefill_tokens_computed": 0, "decode_tokens_computed": 0,
                          "steps": 0, "failed_steps": 0, "requests_finished": 0,
                          "requests_aborted": 0}
@@ -121,7 +123,9 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise :class:`ParamError` naming the bad parameter."""
+        """Raise :class:`ParamError` naming the bad parameter. Safe from any thread; with
+        ``params.structured_outputs`` it compiles the grammar into the cache (a miss can
+        take a while: the server calls it off its event loop)."""
         if not prompt_token_ids:
             raise ParamError("prompt", "the prompt is empty")
         vocab = self.model_config.vocab_size
@@ -149,6 +153,7 @@ class LLMEngine:
             if params.min_tokens:
                 raise ParamError("min_tokens", "cannot be combined with structured outputs "
                                  "(the output ends where the grammar is complete)")
+            self.grammar.compile(params.structured_outputs)  # cached: add_request reuses it
 
     @property
     def grammar(self) -> GrammarEngine:
@@ -159,6 +164,10 @@ class LLMEngine:
             ParamError: the model has no tokenizer, or one without token bytes
                 (``param`` is ``structured_outputs``).
         """
+        with self._grammar_lock:
+            return self._grammar_engine()
+
+    def _grammar_engine(self) -> GrammarEngine:
         if self._grammar is None:
             if self.tokenizer is None:
                 raise ParamError("structured_outputs", "the model has no tokenizer")

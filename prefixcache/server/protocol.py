@@ -4,7 +4,8 @@ Field names and defaults are OpenAI's (``/v1/completions``, ``/v1/chat/completio
 plus the vLLM extensions that prefixcache implements (``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
 ``skip_special_tokens``, ``include_stop_str_in_output``, ``cache_salt``,
-``add_special_tokens``, ``add_generation_prompt``), and ``cache_ttl``: pin the prompt's
+``add_special_tokens``, ``add_generation_prompt``, ``structured_outputs`` and the older
+``guided_*`` fields, see ``server/structured.py``), and ``cache_ttl``: pin the prompt's
 full pages for that long (seconds, or ``"30s"``, ``"5m"``, ``"1h"``; see
 ``prefixcache/cache/pins.py``); ``cache_control: {"type": "ephemeral", "ttl": "5m"}``
 (Anthropic's shape; ``ttl`` defaults to ``"5m"``) says the same.
@@ -38,9 +39,9 @@ IGNORED_FIELDS = {
 # ``tools`` and ``tool_choice`` are checked and planned in ``server/tools.py``. Fields
 # rejected when set to a value we cannot honour: see ``check_unsupported``.
 UNSUPPORTED = ("best_of > 1", "suffix", "logit_bias (non-empty)", "echo with logprobs",
-               "response_format other than text", "functions / function_call (deprecated: "
-               "use tools)", "modalities other than ['text']", "audio",
-               "non-text message content parts")
+               "response_format other than text, json_object, json_schema",
+               "functions / function_call (deprecated: use tools)",
+               "modalities other than ['text']", "audio", "non-text message content parts")
 
 MAX_CACHE_SALT_CHARS = 1024
 
@@ -82,6 +83,15 @@ class _SamplingFields(_Body):
     cache_salt: str | None = None
     cache_ttl: float | str | None = None
     cache_control: dict[str, Any] | None = None
+    # structured outputs (server/structured.py): OpenAI's, then vLLM's
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -117,7 +127,6 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
@@ -204,10 +213,6 @@ def check_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
         return
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages")
-    rf = req.response_format
-    if rf is not None and rf.get("type", "text") != "text":
-        raise bad_request(f"response_format type {rf.get('type')!r} is not supported; "
-                          "only 'text'", "response_format")
     for old in ("functions", "function_call"):
         if getattr(req, old) is not None:
             raise bad_request(f"{old} is deprecated and not supported; use tools and "

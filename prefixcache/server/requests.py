@@ -29,6 +29,7 @@ from prefixcache.server.protocol import (
     message_dicts,
 )
 from prefixcache.server.responses import Prepared
+from prefixcache.server.structured import rename_for, structured_outputs
 from prefixcache.server.tools import ToolPlan, forced_grammar, plan_tools
 from prefixcache.server.transcripts import TranscriptTokens
 
@@ -68,6 +69,7 @@ class RequestPreparer:
         """A ``/v1/completions`` request, ready for the engine. Raises APIError."""
         model = self._common(req, "completions")
         params = self._sampling_params(req)
+        rename = self._so_rename(req)
         p = req.prompt
         if isinstance(p, str):
             raw: list[str | list[int]] = [p]
@@ -92,7 +94,7 @@ class RequestPreparer:
 
         prompts = await self._off_loop(encode)
         for ids, _ in prompts:
-            self._validate(ids, params, {})
+            await self._validate(ids, params, rename)
         if req.echo and self.tokenizer is not None:
             prompts = [(ids, text if text is not None else self.tokenizer.decode(ids))
                        for ids, text in prompts]
@@ -116,10 +118,13 @@ class RequestPreparer:
             raise bad_request(f"{name} must be at least 1 here, got {asked}; max_tokens 0 "
                               "(prefill only) is a /v1/completions feature", name)
         params = self._sampling_params(req, rename=rename)
+        rename |= self._so_rename(req)
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
                           self.tool_parser)
         if plan is not None:
             params = self._constrain(plan, params)
+            if plan.forced:
+                rename["structured_outputs.grammar"] = "tools"
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer, so no chat template", "messages")
         messages = message_dicts(req)
@@ -136,7 +141,7 @@ class RequestPreparer:
             text, ids = await self._off_loop(render)
         except ValueError as exc:
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
-        self._validate(ids, params, rename)
+        await self._validate(ids, params, rename)
         top = (req.top_logprobs or 0) if req.logprobs else None
         return Prepared("chat", f"chatcmpl-{uuid.uuid4().hex}", model, [(ids, None)], params,
                         bool(req.stream), *self._stream_opts(req), False, top,
@@ -197,11 +202,21 @@ class RequestPreparer:
         include = bool(so and so.include_usage)
         return include, bool(include and so is not None and so.continuous_usage_stats)
 
-    def _validate(self, ids: list[int], params: SamplingParams, rename: dict[str, str]) -> None:
+    async def _validate(self, ids: list[int], params: SamplingParams,
+                        rename: dict[str, str]) -> None:
+        """``LLMEngine.validate``; with structured outputs it compiles the grammar (a
+        cache miss takes a while), so that runs off the event loop."""
         try:
-            self.validate(ids, params)
+            if params.structured_outputs is None:
+                self.validate(ids, params)
+            else:
+                await self._off_loop(lambda: self.validate(ids, params))
         except ParamError as exc:
             raise param_error(exc, rename) from None
+
+    @staticmethod
+    def _so_rename(req: CompletionRequest | ChatCompletionRequest) -> dict[str, str]:
+        return rename_for(structured_outputs(req)[1])
 
     def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, *,
                          rename: dict[str, str] | None = None) -> SamplingParams:
@@ -226,7 +241,8 @@ class RequestPreparer:
             include_stop_str_in_output=bool(req.include_stop_str_in_output),
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty)
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            structured_outputs=structured_outputs(req)[0])
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             if not math.isfinite(kw[name]):

@@ -14,6 +14,7 @@ not seen), so recomputing a preempted request's KV never advances it twice.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -125,6 +126,7 @@ class GrammarEngine:
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads,
                                              cache_enabled=False)
         self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
         self.cache_size = cache_size
         self.stats: dict[str, float] = {"grammar_cache_hits": 0, "grammar_cache_misses": 0,
                                         "grammar_compile_s": 0.0, "grammar_cache_size": 0}
@@ -135,6 +137,10 @@ class GrammarEngine:
         Raises:
             ParamError: xgrammar cannot compile it; ``param`` is ``spec.param``.
         """
+        with self._lock:  # the server compiles off its loop while the engine steps
+            return self._compile_cached(spec)
+
+    def _compile_cached(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
         key = spec.key()
         hit = self._cache.get(key)
         if hit is not None:

@@ -34,25 +34,45 @@ def json_schema_grammar(schema: dict[str, Any] | str, *, any_whitespace: bool = 
     try:
         grammar = xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace,
                                                strict_mode=True)
-        ebnf = str(grammar)
-        if _LOOSE_CHAR in ebnf:
-            grammar = xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_CHAR, _JSON_CHAR))
-        return grammar
+        ebnf = fixed = grammar_text(grammar)
+        for loose in _LOOSE_CHARS:
+            fixed = fixed.replace(loose, _JSON_CHAR)
+        return grammar if fixed == ebnf else xgr.Grammar.from_ebnf(fixed)
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError/InvalidJSONError
         raise ParamError(param, f"cannot be compiled: {xgrammar_error_text(exc)}") from None
 
 
-# xgrammar writes the characters of a length-bounded string (minLength/maxLength) as
-# any character but quote, backslash, CR and LF: other control characters are invalid
-# unescaped in JSON, so they are excluded too.
-_LOOSE_CHAR = r'[^\"\\\r\n]'
-_JSON_CHAR = r'[^\0-\x1f\"\\]'
+# Characters xgrammar lets into a JSON string, written as it prints them, and what they
+# become: a length-bounded string (minLength/maxLength) admits control characters
+# (invalid unescaped in JSON), and every string admits UTF-16 surrogates encoded as UTF-8
+# (invalid UTF-8: reachable through byte tokens, which byte-level BPE vocabularies have).
+_JSON_CHAR = r'[^\0-\x1f\"\\\uD800-\uDFFF]'
+_LOOSE_CHARS = (r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]')
 
 
 def json_schema_ebnf(schema: dict[str, Any] | str, *, any_whitespace: bool = True) -> str:
     """EBNF text (``root`` rule first) of the JSON values that validate against
     ``schema``. Raises ParamError as :func:`json_schema_grammar`."""
-    return str(json_schema_grammar(schema, any_whitespace=any_whitespace))
+    return grammar_text(json_schema_grammar(schema, any_whitespace=any_whitespace))
+
+
+_ESCAPE = re.compile(r"\\(x([0-9a-fA-F]{2})|.)", re.S)
+
+
+def grammar_text(grammar: xgr.Grammar) -> str:
+    """``grammar`` as EBNF text that ``from_ebnf`` reads back as the same grammar.
+
+    xgrammar prints a code point from U+0080 to U+00FF as ``\\xHH``, which its parser
+    reads back as a raw byte inside a string literal (``"é"`` would become byte 0xE9,
+    invalid UTF-8); it is written ``\\u00HH`` here, which both readings agree on.
+    """
+    def fix(m: re.Match) -> str:
+        hex_digits = m.group(2)
+        if hex_digits is not None and int(hex_digits, 16) >= 0x80:
+            return "\\u00" + hex_digits
+        return m.group(0)
+
+    return _ESCAPE.sub(fix, str(grammar))
 
 
 def ebnf_literal(text: str) -> str:
@@ -83,8 +103,9 @@ def tool_call_grammar(begin: str, schemas: list[dict[str, Any]], end: str,
     call = xgr.Grammar.concat(xgr.Grammar.from_ebnf(f"root ::= {ebnf_literal(begin)}"),
                               values,
                               xgr.Grammar.from_ebnf(f"root ::= {ebnf_literal(end)}"))
-    name = _fresh_name(str(call), "tool_call")
-    lines = str(call).splitlines()
+    text = grammar_text(call)
+    name = _fresh_name(text, "tool_call")
+    lines = text.splitlines()
     assert lines[0].startswith("root ::= ")  # xgrammar prints the root rule first
     body = [f"{name} ::= {lines[0][len('root ::= '):]}"] + lines[1:]
     rest = f"({ebnf_literal(separator)} {name})"
@@ -102,8 +123,7 @@ def tool_call_grammar(begin: str, schemas: list[dict[str, Any]], end: str,
     else:
         upper = "" if max_calls is None else str(max_calls - 1)
         root = f"root ::= {name} {rest}{{{min_calls - 1}, {upper or -1}}}"
-    text = "\n".join([root, *body]) + "\n"
-    return str(xgr.Grammar.from_ebnf(text))  # checks it and normalizes the rules
+    return grammar_text(xgr.Grammar.from_ebnf("\n".join([root, *body]) + "\n"))  # checked
 
 
 def _fresh_name(ebnf: str, base: str) -> str:
