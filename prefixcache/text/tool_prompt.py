@@ -5,7 +5,9 @@ Two cases, decided from the template source (:func:`renders_tool_syntax`):
 - the template has its own tool syntax (it reads ``tools``, as Qwen2.5/Qwen3, Llama 3.x,
   Mistral templates do): messages go to it as the OpenAI API has them, except that each
   ``tool_calls[].function.arguments`` JSON string becomes an object (what these
-  templates expect; vLLM does the same), so ``arguments | tojson`` writes it once;
+  templates expect; vLLM does the same), so ``arguments | tojson`` writes it once (a
+  template that fails on objects, one that concatenates the arguments as a string, is
+  rendered again with the strings);
 - the template has none (SmolLM2-Instruct's only renders role and content): the
   **Hermes fallback**. The tool list and the Hermes call format are written into the
   system turn (:func:`tool_instructions`, Qwen2.5's wording; a system message is added
@@ -54,11 +56,15 @@ def hermes_call_text(name: str, arguments: Any) -> str:
 
 
 def prepare(template: str | None, messages: list[dict[str, Any]],
-            tools: list[dict[str, Any]] | None
+            tools: list[dict[str, Any]] | None, argument_objects: bool = True
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """``(messages, tools)`` to hand the template (new lists; the caller's are not
-    modified)."""
+    modified). ``argument_objects=False`` keeps arguments as the JSON text the client
+    sent (for a template that concatenates them as strings: the renderers retry with it
+    when the objects make the template fail)."""
     if renders_tool_syntax(template):
+        if not argument_objects:
+            return list(messages), tools
         return [_with_argument_objects(m) for m in messages], tools
     out = [_fallback_message(m) for m in messages]
     if tools:
@@ -114,3 +120,10 @@ def _fallback_message(m: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in m.items() if k != "tool_calls"}
     out["content"] = "\n".join(([content] if content else []) + blocks)
     return out
+
+
+def has_text_arguments(messages: list[dict[str, Any]]) -> bool:
+    """Whether any tool call's arguments are JSON text (which :func:`prepare` turns
+    into objects)."""
+    return any(isinstance((c.get("function") or {}).get("arguments"), str)
+               for m in messages for c in m.get("tool_calls") or () if isinstance(c, dict))
