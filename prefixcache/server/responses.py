@@ -164,7 +164,7 @@ class ResponseRenderer:
         finish = comp.finish_reason if out.finished else None
         if chat and prep.tools is not None and prep.tools.parser is not None:
             parser = calls.setdefault(idx, StreamingToolParser(prep.tools.parser))
-            deltas = tool_deltas(parser, delta, finish is not None)
+            deltas = tool_deltas(parser, delta, finish is not None, prep.tools.parallel)
             if finish is not None and parser.calls_started and finish == "stop":
                 finish = "tool_calls"
             if not deltas and finish is None and lp is None:
@@ -238,11 +238,13 @@ class ResponseRenderer:
 def chat_message(plan: ToolPlan | None, text: str, finish: str | None
                  ) -> tuple[dict[str, Any], str | None]:
     """The assistant ``message`` of a finished reply and its ``finish_reason``: with
-    a tool plan, the calls parsed out of ``text`` as ``tool_calls`` (``content`` is
-    ``None`` when nothing else was said) and ``"tool_calls"`` for a reply that stopped."""
+    a tool plan, the calls parsed out of ``text`` as ``tool_calls`` (only the first
+    without ``parallel``; ``content`` is ``None`` when nothing else was said) and
+    ``"tool_calls"`` for a reply that stopped."""
     if plan is None or plan.parser is None:
         return {"role": "assistant", "content": text}, finish
     content, calls = plan.parser.extract(text)
+    calls = calls if plan.parallel else calls[:1]
     if not calls:
         return {"role": "assistant", "content": content}, finish
     message = {"role": "assistant", "content": content or None, "tool_calls": [
@@ -251,13 +253,17 @@ def chat_message(plan: ToolPlan | None, text: str, finish: str | None
     return message, "tool_calls" if finish == "stop" else finish
 
 
-def tool_deltas(parser: StreamingToolParser, text: str, final: bool) -> list[dict[str, Any]]:
+def tool_deltas(parser: StreamingToolParser, text: str, final: bool,
+                parallel: bool = True) -> list[dict[str, Any]]:
     """The ``delta`` objects for new ``text`` of a streamed reply parsed for calls: a
     call's first delta has its index, id, type and name (arguments ``""``), later ones
-    argument fragments; content outside calls as ``content`` deltas."""
+    argument fragments; content outside calls as ``content`` deltas. Without
+    ``parallel`` (``parallel_tool_calls: false``) only the first call is sent."""
     events = parser.feed(text) if text else []
     if final:
         events += parser.finish()
+    if not parallel:
+        events = [e for e in events if isinstance(e, ContentDelta) or e.index == 0]
     out: list[dict[str, Any]] = []
     for e in events:
         if isinstance(e, ContentDelta):

@@ -56,7 +56,8 @@ class ToolPlan:
         choice: ``"auto"``, ``"required"``, or the one function's name.
         tools: the request's function definitions (``{name, description?,
             parameters?}``), in order.
-        parallel: more than one call allowed in a forced reply.
+        parallel: more than one call allowed (``parallel_tool_calls``): without it a
+            forced reply's grammar allows one call and a parsed reply keeps its first.
     """
 
     parser: ToolParser | None

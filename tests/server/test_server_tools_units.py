@@ -73,6 +73,13 @@ def test_reply_message_and_stream_deltas():
     assert chat_message(plan, "just text", "stop") == (
         {"role": "assistant", "content": "just text"}, "stop")
     assert chat_message(None, text, "stop")[0] == {"role": "assistant", "content": text}
+    two = text + '<tool_call>\n{"name": "f", "arguments": {"x": 2}}\n</tool_call>'
+    assert len(chat_message(plan, two, "stop")[0]["tool_calls"]) == 2
+    single = plan_tools([F], "auto", False, "hermes")
+    (only,) = chat_message(single, two, "stop")[0]["tool_calls"]
+    assert only["function"]["arguments"] == '{"x": 1}'
+    sent = tool_deltas(StreamingToolParser(get_parser("hermes")), two, True, parallel=False)
+    assert {d["tool_calls"][0]["index"] for d in sent if "tool_calls" in d} == {0}
     sp = StreamingToolParser(get_parser("hermes"))
     deltas = tool_deltas(sp, text[:30], False) + tool_deltas(sp, text[30:], True)
     assert deltas[0] == {"content": "ok"}
