@@ -184,7 +184,7 @@ class StructuredOutputsParams:
         choice: non-empty strings; the output is exactly one of them.
         grammar: a grammar in xgrammar's EBNF dialect (GBNF-like, ``root ::= ...``); the
             output is a sentence of its ``root`` rule. Literal text and JSON rules mix
-            freely (see ``text/grammar.py``'s helpers that build such grammars).
+            freely (see ``text/grammar_ebnf.py``'s helpers that build such grammars).
         json_object: ``True``: the output is any JSON object (``response_format``
             ``{"type": "json_object"}``).
         disable_any_whitespace: JSON kinds only: emit JSON without free whitespace

@@ -32,10 +32,10 @@ from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
 from prefixcache.engine.request import Request, RequestStatus
 from prefixcache.engine.scheduler import ScheduledSeq, Scheduler
+from prefixcache.model.grammar import GrammarEngine
 from prefixcache.model.loader import LoadedModel, load_model
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams, check_namespace
-from prefixcache.text.grammar import GrammarEngine
 
 log = logging.getLogger(__name__)
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")

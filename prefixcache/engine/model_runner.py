@@ -26,6 +26,7 @@ from prefixcache.engine.scheduler import ScheduledSeq
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.deterministic import forward_deterministic
 from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
+from prefixcache.model.grammar import allocate_bitmask
 from prefixcache.model.kv_pool import KVPool
 from prefixcache.model.sampler import (
     PenaltyCounts,
@@ -34,7 +35,6 @@ from prefixcache.model.sampler import (
     sample,
     token_logprobs,
 )
-from prefixcache.text.grammar import allocate_bitmask
 
 Forward = Callable[[ForwardBatch, KVPool], torch.Tensor]
 

@@ -54,7 +54,7 @@ class Request:
     cumulative_logprob: float | None = None
     generator: Any = None        # torch.Generator for seeded sampling
     penalty_counts: Any = None   # model.sampler.PenaltyCounts, when a penalty is set
-    grammar: Any = None          # text.grammar.GrammarMatcher, with structured_outputs
+    grammar: Any = None          # model.grammar.GrammarMatcher, with structured_outputs
     stop_ids: frozenset[int] = frozenset()  # sampling_params.stop_token_ids as a set
     detokenizer: Any = None
     metrics: RequestMetrics = None  # type: ignore[assignment]

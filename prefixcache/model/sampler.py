@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from prefixcache.model.grammar import apply_bitmask
 from prefixcache.sampling_params import SamplingParams
-from prefixcache.text.grammar import apply_bitmask
 
 
 @dataclass

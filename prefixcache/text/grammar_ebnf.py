@@ -16,15 +16,23 @@ import xgrammar as xgr
 
 from prefixcache.sampling_params import ParamError
 
+MAX_JSON_WHITESPACE = 16  # characters in one run of free whitespace between JSON tokens
+
 
 def json_schema_grammar(schema: dict[str, Any] | str, *, any_whitespace: bool = True,
+                        strict: bool = True,
                         param: str = "structured_outputs.json") -> xgr.Grammar:
     """xgrammar's grammar of the JSON values that validate against ``schema``.
 
     Args:
         schema: a JSON schema (dict or JSON text).
-        any_whitespace: allow any whitespace between JSON tokens; ``False`` fixes it (one
-            space after ``:`` and ``,``).
+        any_whitespace: allow whitespace between JSON tokens, at most
+            :data:`MAX_JSON_WHITESPACE` characters in a run (a small model can otherwise
+            write newlines until ``max_tokens``); ``False`` fixes it (one space after
+            ``:`` and ``,``, none elsewhere).
+        strict: objects hold only the properties the schema lists unless it says
+            otherwise (``additionalProperties`` defaults to false; the output still
+            validates); ``False`` follows JSON Schema's default (any extra property).
         param: the name in the error raised for a schema xgrammar cannot convert.
 
     Raises:
@@ -32,8 +40,9 @@ def json_schema_grammar(schema: dict[str, Any] | str, *, any_whitespace: bool = 
     """
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
-        grammar = xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace,
-                                               strict_mode=True)
+        grammar = xgr.Grammar.from_json_schema(
+            text, any_whitespace=any_whitespace, strict_mode=strict,
+            max_whitespace_cnt=MAX_JSON_WHITESPACE if any_whitespace else None)
         ebnf = fixed = grammar_text(grammar)
         for loose in _LOOSE_CHARS:
             fixed = fixed.replace(loose, _JSON_CHAR)

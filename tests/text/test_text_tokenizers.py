@@ -224,4 +224,4 @@ def test_text_imports_only_downward():
             found += [f"{file.name}: {n}" for n in names
                       if any(n == b or n.startswith(b + ".") for b in banned)]
     assert found == []
-    assert len(list(Path(prefixcache.text.__file__).parent.glob("*.py"))) == 14  # + grammars
+    assert len(list(Path(prefixcache.text.__file__).parent.glob("*.py"))) == 13  # + tool_prompt

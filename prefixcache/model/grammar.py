@@ -14,6 +14,7 @@ not seen), so recomputing a preempted request's KV never advances it twice.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import OrderedDict
@@ -75,6 +76,12 @@ class GrammarMatcher:
     def __init__(self, compiled: xgr.CompiledGrammar):
         self._m = xgr.GrammarMatcher(compiled)
         self.num_accepted = 0
+
+    def fork(self) -> GrammarMatcher:
+        """An independent copy at the same position (parallel samples of one prompt)."""
+        twin = copy.copy(self)
+        twin._m = self._m.fork()
+        return twin
 
     def advance(self, output_token_ids: list[int]) -> None:
         """Accept ``output_token_ids[num_accepted:]`` (the request's tokens not yet seen).
@@ -169,8 +176,8 @@ class GrammarEngine:
         if spec.json is not None:
             return c.compile_grammar(json_schema_grammar(spec.json, any_whitespace=ws))
         if spec.json_object:
-            return c.compile_json_schema('{"type": "object"}', any_whitespace=ws,
-                                         strict_mode=False)
+            return c.compile_grammar(json_schema_grammar({"type": "object"}, any_whitespace=ws,
+                                                         strict=False))
         if spec.regex is not None:
             return c.compile_regex(spec.regex)
         if spec.choice is not None:

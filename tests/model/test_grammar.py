@@ -15,8 +15,8 @@ import torch
 
 from helpers.data import shared_data
 from prefixcache.model.builtin import tiny_tokenizer
+from prefixcache.model.grammar import GrammarEngine, allocate_bitmask, apply_bitmask
 from prefixcache.sampling_params import ParamError, StructuredOutputsParams
-from prefixcache.text.grammar import GrammarEngine, allocate_bitmask, apply_bitmask
 from prefixcache.text.grammar_ebnf import (
     ebnf_literal,
     json_schema_ebnf,
@@ -88,6 +88,21 @@ def test_a_token_outside_the_grammar_is_an_error():
     with pytest.raises(RuntimeError, match="does not continue the grammar"):
         m.advance(list(b"yea"))
     assert m.num_accepted == 2
+
+
+def test_a_forked_matcher_advances_on_its_own():
+    tok = tiny_tokenizer()
+    eos = min(tok.eos_token_ids)
+    a = GrammarEngine(tok, 272, tok.eos_token_ids).matcher(
+        StructuredOutputsParams(choice=["yes", "yak"]))
+    a.advance(list(b"y"))
+    b = a.fork()
+    assert b.num_accepted == 1
+    a.advance([*b"yes", eos])
+    b.advance(list(b"yak"))  # the fork did not see "es"
+    assert a.terminated and not b.terminated and b.num_accepted == 3
+    b.advance([*b"yak", eos])
+    assert b.terminated
 
 
 def test_apply_bitmask_sets_disallowed_logits_to_minus_infinity():
