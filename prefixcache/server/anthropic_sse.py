@@ -33,9 +33,15 @@ def stream_start(msg_id: str, model: str, usage: dict) -> str:
                                                 "content_block": {"type": "text", "text": ""}}))
 
 
-def stream_delta(text: str) -> str:
-    return sse_event("content_block_delta", {"type": "content_block_delta", "index": 0,
+def stream_delta(text: str, index: int = 0) -> str:
+    return sse_event("content_block_delta", {"type": "content_block_delta", "index": index,
                                              "delta": {"type": "text_delta", "text": text}})
+
+
+def text_start(index: int) -> str:
+    """A further text block's ``content_block_start`` (text after a tool call)."""
+    return sse_event("content_block_start", {"type": "content_block_start", "index": index,
+                                             "content_block": {"type": "text", "text": ""}})
 
 
 def stream_stop(finish_reason: str | None, usage: dict,

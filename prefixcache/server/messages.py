@@ -122,11 +122,12 @@ async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: fl
     known once the request is admitted), ``output_tokens`` 0; ``message_delta`` has the
     final usage. Tool calls: the text block (index 0) stops, then each call is a
     ``tool_use`` block (``content_block_start`` with its id and name, its arguments as
-    ``input_json_delta`` events). A stream that fails ends with an ``error`` event."""
+    ``input_json_delta`` events); text after a call opens a new text block. A stream
+    that fails ends with an ``error`` event."""
     started = False
     finish: str | None = None
     usage = None
-    block = 0  # the open content block
+    block, in_tool = 0, False  # the open content block, and whether it is a tool_use
     try:
         async for chunk in chunks:
             text = chunk if isinstance(chunk, str) else bytes(chunk).decode()
@@ -144,13 +145,17 @@ async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: fl
                     yield sse.stream_start(msg_id, model, {**usage, "output_tokens": 0})
                 for c in obj.get("choices") or []:
                     delta = c.get("delta") or {}
-                    if delta.get("content") and block == 0:
-                        yield sse.stream_delta(delta["content"])
+                    if delta.get("content") and in_tool:  # text after a call: a new block
+                        yield sse.block_stop(block)
+                        block, in_tool = block + 1, False
+                        yield sse.text_start(block)
+                    if delta.get("content"):
+                        yield sse.stream_delta(delta["content"], block)
                     for call in delta.get("tool_calls") or []:
                         fn = call.get("function") or {}
                         if call.get("id"):
                             yield sse.block_stop(block)
-                            block = int(call.get("index", 0)) + 1
+                            block, in_tool = block + 1, True
                             yield sse.tool_use_start(block, str(wire.tool_use_id(call["id"])),
                                                      str(fn.get("name")))
                         if fn.get("arguments"):

@@ -105,3 +105,43 @@ def test_transcripts_reuse_ids_per_namespace_within_bounds():
         [0, 0, 0, 0]
     t.record(("bob", None), "y" * 5, [1] * 9)     # over the token bound: LRU evicted
     assert sum(1 for _ in range(len(t))) <= 2 and t._tokens <= 10
+
+
+def test_messages_events_from_chat_chunks_with_calls():
+    """Chat chunks (text, a call in pieces, text again) -> Messages blocks in order."""
+    import asyncio
+
+    from prefixcache.server.messages import _events
+
+    usage = {"prompt_tokens": 5, "completion_tokens": 3,
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    deltas = [{"content": "Checking."},
+              {"tool_calls": [{"index": 0, "id": "call_abc", "type": "function",
+                               "function": {"name": "f", "arguments": ""}}]},
+              {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": '}}]},
+              {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]},
+              {"content": "Done."}]
+    finals = [{"delta": d, "finish_reason": None} for d in deltas]
+    finals.append({"delta": {}, "finish_reason": "tool_calls"})
+    chunks = ["data: " + json.dumps({"choices": [c], "usage": usage}) + "\n\n"
+              for c in finals] + ["data: [DONE]\n\n"]
+
+    async def source():
+        for c in chunks:
+            yield c
+
+    async def collect():
+        return [e async for e in _events(source(), "msg_1", "m", None)]
+
+    text = "".join(asyncio.run(collect()))
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    starts = [(e["index"], e["content_block"]["type"]) for e in events
+              if e["type"] == "content_block_start"]
+    assert starts == [(0, "text"), (1, "tool_use"), (2, "text")]
+    tool = next(e for e in events if e["type"] == "content_block_start" and e["index"] == 1)
+    assert tool["content_block"]["id"] == "toolu_abc"
+    parts = [e["delta"].get("partial_json") or e["delta"].get("text") for e in events
+             if e["type"] == "content_block_delta"]
+    assert parts == ["Checking.", '{"x": ', "1}", "Done."]
+    assert [e["index"] for e in events if e["type"] == "content_block_stop"] == [0, 1, 2]
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
