@@ -1,5 +1,9 @@
 """``prefixcache generate [--model M] "prompt" ...``: offline generation from the shell, on
-the same default model as ``demo`` and ``serve`` (``DEFAULT_MODEL``)."""
+the same default model as ``demo`` and ``serve`` (``DEFAULT_MODEL``).
+
+Each prompt is sent as a user message through the model's chat template when it has one
+(as ``ollama run`` does: an instruct model answers); ``--raw`` sends the text as is.
+``--chat`` (the default now) is kept for old command lines."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +31,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="seed of each request's own generator (default: the engine's, --seed)")
     s.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     o = p.add_argument_group("requests and output")
-    o.add_argument("--chat", action="store_true", help="wrap each prompt as a user message")
+    mode = o.add_mutually_exclusive_group()
+    mode.add_argument("--chat", action="store_true",
+                      help="send each prompt as a user message through the chat template "
+                           "(the default when the model has a template)")
+    mode.add_argument("--raw", action="store_true",
+                      help="send each prompt as is, without the chat template")
     o.add_argument("--tenant", default=None,
                    help="cache namespace of these requests (default: none, the shared one)")
     o.add_argument("--cache-salt", default=None, help="further per-request cache namespace")
@@ -43,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed,
                             stop=args.stop)
-    if args.chat:
+    has_template = bool(getattr(llm.tokenizer, "chat_template", None))
+    if args.chat and not has_template:
+        raise ValueError("--chat: this model has no chat template; send the text with --raw")
+    if has_template and not args.raw:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params,
                         tenant=args.tenant, cache_salt=args.cache_salt)
     else:

@@ -9,9 +9,9 @@ cannot honour:
   string or an array of ``text`` / ``tool_use`` / ``tool_result`` blocks (images and
   documents are not supported); ``system`` is a string or an array of text blocks;
 - ``tools`` is an array of ``{name, input_schema, description?}`` (custom tools only);
-  ``tool_choice`` is ``{type: auto | any | tool | none}``, and only ``auto`` and
-  ``none`` are supported (as on ``/v1/chat/completions``: replies are not parsed into
-  tool calls, so a forced call cannot be honoured);
+  ``tool_choice`` is ``{type: auto | any | tool | none}`` (``tool`` with the ``name``
+  of one of ``tools``; ``any`` and ``tool`` need tools), served as on
+  ``/v1/chat/completions``;
 - ``temperature`` in [0, 1] (Anthropic's range), ``top_p`` in (0, 1], ``top_k`` an
   integer >= 0, ``stop_sequences`` an array of strings, ``stream`` a boolean,
   ``metadata`` an object; ``thinking`` is not supported (only ``{"type": "disabled"}``);
@@ -171,8 +171,13 @@ def _check_tools(body: dict, c: _Checker) -> None:
         return
     _need(isinstance(tc, dict) and tc.get("type") in ("auto", "any", "tool", "none"),
           "tool_choice must be {'type': 'auto' | 'any' | 'tool' | 'none'}", "tool_choice")
-    _need(tc["type"] in ("auto", "none"), f"tool_choice {tc['type']!r} is not supported; "
-          "only 'auto' or 'none' (replies are not parsed into tool calls)", "tool_choice")
+    names = {t.get("name") for t in tools or () if isinstance(t, dict)}
+    if tc["type"] in ("any", "tool"):
+        _need(bool(names), f"tool_choice {tc['type']!r} needs a non-empty tools list",
+              "tool_choice")
+    if tc["type"] == "tool":
+        _need(isinstance(tc.get("name"), str) and tc["name"] in names,
+              "tool_choice.name must name one of tools", "tool_choice.name")
     _need(isinstance(tc.get("disable_parallel_tool_use", False), bool),
           "disable_parallel_tool_use must be a boolean",
           "tool_choice.disable_parallel_tool_use")

@@ -4,6 +4,8 @@
 one ``content_block_delta`` per text delta (:func:`stream_delta`), then
 :func:`stream_stop`: the text block's stop, a ``tool_use`` block per tool call,
 ``message_delta`` (stop reason, usage) and ``message_stop``; or an ``error`` event.
+A stream whose tool calls arrive as they are generated uses :func:`block_stop`,
+:func:`tool_use_start`, :func:`input_json_delta` and :func:`stream_end` instead.
 """
 from __future__ import annotations
 
@@ -31,9 +33,15 @@ def stream_start(msg_id: str, model: str, usage: dict) -> str:
                                                 "content_block": {"type": "text", "text": ""}}))
 
 
-def stream_delta(text: str) -> str:
-    return sse_event("content_block_delta", {"type": "content_block_delta", "index": 0,
+def stream_delta(text: str, index: int = 0) -> str:
+    return sse_event("content_block_delta", {"type": "content_block_delta", "index": index,
                                              "delta": {"type": "text_delta", "text": text}})
+
+
+def text_start(index: int) -> str:
+    """A further text block's ``content_block_start`` (text after a tool call)."""
+    return sse_event("content_block_start", {"type": "content_block_start", "index": index,
+                                             "content_block": {"type": "text", "text": ""}})
 
 
 def stream_stop(finish_reason: str | None, usage: dict,
@@ -49,8 +57,31 @@ def stream_stop(finish_reason: str | None, usage: dict,
                                                            "partial_json": json.dumps(
                                                                block["input"])}})
         out += sse_event("content_block_stop", {"type": "content_block_stop", "index": i})
-    return (out
-            + sse_event("message_delta", {"type": "message_delta", "delta": {
+    return out + stream_end(finish_reason, usage)
+
+
+def block_stop(index: int) -> str:
+    return sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def tool_use_start(index: int, block_id: str, name: str) -> str:
+    """A streamed ``tool_use`` block's ``content_block_start`` (its input follows as
+    :func:`input_json_delta` events)."""
+    return sse_event("content_block_start", {"type": "content_block_start", "index": index,
+                                             "content_block": {"type": "tool_use",
+                                                               "id": block_id, "name": name,
+                                                               "input": {}}})
+
+
+def input_json_delta(index: int, partial_json: str) -> str:
+    return sse_event("content_block_delta", {"type": "content_block_delta", "index": index,
+                                             "delta": {"type": "input_json_delta",
+                                                       "partial_json": partial_json}})
+
+
+def stream_end(finish_reason: str | None, usage: dict) -> str:
+    """``message_delta`` (stop reason, usage) and ``message_stop``."""
+    return (sse_event("message_delta", {"type": "message_delta", "delta": {
                 "stop_reason": FINISH_TO_STOP.get(finish_reason or "stop", "end_turn"),
                 "stop_sequence": None}, "usage": usage})
             + sse_event("message_stop", {"type": "message_stop"}))

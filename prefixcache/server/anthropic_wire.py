@@ -133,6 +133,8 @@ def messages_to_chat(body: dict, *, keep_text_blocks: bool = False) -> dict:
             "name": t.get("name"), "description": t.get("description", ""),
             "parameters": t.get("input_schema", {})}} for t in body["tools"]]
     tc = body.get("tool_choice")
+    if isinstance(tc, dict) and tc.get("disable_parallel_tool_use"):
+        out["parallel_tool_calls"] = False
     if isinstance(tc, dict) and tc.get("type") in _TOOL_CHOICE:
         out["tool_choice"] = _TOOL_CHOICE[tc["type"]]
     elif isinstance(tc, dict) and tc.get("type") == "tool":
@@ -244,6 +246,14 @@ def anthropic_usage(prompt_tokens: int, cached_tokens: int, completion_tokens: i
             "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0,
                                ttl: cache_write_tokens},
             "output_tokens": completion_tokens}
+
+
+def tool_use_id(call_id: str | None) -> str | None:
+    """A Messages tool-use id for an OpenAI call id (``call_X`` -> ``toolu_X``; other
+    ids unchanged)."""
+    if isinstance(call_id, str) and call_id.startswith("call_"):
+        return "toolu_" + call_id[len("call_"):]
+    return call_id
 
 
 def tool_use_blocks(tool_calls: list[dict]) -> list[dict]:

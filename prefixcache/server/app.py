@@ -51,6 +51,8 @@ from prefixcache.server.metrics import ServerMetrics
 from prefixcache.server.pins_routes import ROUTES as PIN_ROUTES
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.serving import OpenAIServing
+from prefixcache.server.tools import choose_parser
+from prefixcache.text.tool_parsers.registry import detect_parser
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ class ServerSettings:
         warmup: run one full-size step on the engine thread before the server accepts
             connections (``LLMEngine.warmup``), so the first request does not pay for
             that thread's memory and the kernels' set-up.
+        tool_call_parser: the tool-call parser's name (``--tool-call-parser``);
+            ``None``: from the chat template (:func:`.tools.choose_parser`).
     """
 
     model_names: list[str]
@@ -85,6 +89,7 @@ class ServerSettings:
     allowed_hosts: list[str] | None = None
     shutdown_grace_s: float = DEFAULT_GRACE_S
     warmup: bool = True
+    tool_call_parser: str | None = None
 
 
 @dataclass
@@ -114,8 +119,14 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     drain = Drain(settings.shutdown_grace_s)
     accepted = settings.model_names + [settings.model_root] * (
         bool(settings.model_root) and settings.model_root not in settings.model_names)
+    template = getattr(engine.tokenizer, "chat_template", None)
+    parser = choose_parser(settings.tool_call_parser, template)
+    log.info("tool calls: %s parser (%s)", parser,
+             "--tool-call-parser" if settings.tool_call_parser
+             else "the chat template's syntax" if detect_parser(template)
+             else "the Hermes fallback: the template has no tool syntax we know")
     serving = OpenAIServing(aengine, tokenizer=engine.tokenizer, model_names=accepted,
-                            validate=engine.validate, drain=drain,
+                            validate=engine.validate, drain=drain, tool_parser=parser,
                             max_prompts_queued=getattr(getattr(engine, "config", None),
                                                        "max_waiting_requests", None))
     server = _Server(settings, aengine, serving, metrics, drain,

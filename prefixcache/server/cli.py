@@ -22,6 +22,7 @@ from prefixcache.model.registry import DEFAULT_MODEL, MODELS
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES
 from prefixcache.server.drain import DEFAULT_GRACE_S
 from prefixcache.server.http_server import DEFAULT_HEADER_TIMEOUT_S
+from prefixcache.text.tool_parsers.registry import PARSERS
 
 log = logging.getLogger("prefixcache.server")
 
@@ -66,6 +67,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--no-warmup", action="store_true",
                    help="open the port without first running one full-size step on the "
                         "engine thread (the first request then pays for its set-up)")
+    t = p.add_argument_group("tool calls")
+    t.add_argument("--tool-call-parser", default=None, choices=sorted(PARSERS),
+                   help="how replies are parsed into tool_calls (vLLM's names); default: "
+                        "the chat template's tool syntax, else hermes (a template without "
+                        "tool syntax gets Hermes-style tool instructions in its system turn)")
+    t.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM command lines: tool_choice 'auto' always parses "
+                        "replies here, with or without it")
     add_engine_args(p.add_argument_group("engine"), defaults={"model": DEFAULT_MODEL})
     return p
 
@@ -130,7 +139,8 @@ def build_app(args: argparse.Namespace):
     settings = ServerSettings(model_names=names, model_root=args.model, auth=auth,
                               max_body_bytes=args.max_body_bytes, allowed_hosts=allowed,
                               shutdown_grace_s=args.shutdown_grace_s,
-                              warmup=not args.no_warmup)
+                              warmup=not args.no_warmup,
+                              tool_call_parser=args.tool_call_parser)
     log.info("model %s (served as %s), max_model_len %d, %d KV pages of %d tokens, "
              "%s", args.model, ", ".join(names), engine.max_model_len,
              engine.stats()["pages_total"], args.block_size,

@@ -106,9 +106,11 @@ async def _serve(serving: Any, raw: bytes, principal: Any, request: Request,
         return resp  # 499: the client is gone
     data = json.loads(bytes(resp.body))
     choice = data["choices"][0]
+    calls = [{**c, "id": wire.tool_use_id(c.get("id"))}
+             for c in choice["message"].get("tool_calls") or []]
     return JSONResponse(wire.message_response(
         msg_id, model, choice["message"]["content"] or "", choice.get("finish_reason"),
-        usage_of(data["usage"], ttl)))
+        usage_of(data["usage"], ttl), tool_calls=calls))
 
 
 async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: float | None
@@ -118,10 +120,14 @@ async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: fl
     ``message_start`` waits for the first chunk: its usage has the prompt's counts
     (``input_tokens``, ``cache_read_input_tokens``, ``cache_creation_input_tokens``,
     known once the request is admitted), ``output_tokens`` 0; ``message_delta`` has the
-    final usage. A stream that fails ends with an ``error`` event."""
+    final usage. Tool calls: the text block (index 0) stops, then each call is a
+    ``tool_use`` block (``content_block_start`` with its id and name, its arguments as
+    ``input_json_delta`` events); text after a call opens a new text block. A stream
+    that fails ends with an ``error`` event."""
     started = False
     finish: str | None = None
     usage = None
+    block, in_tool = 0, False  # the open content block, and whether it is a tool_use
     try:
         async for chunk in chunks:
             text = chunk if isinstance(chunk, str) else bytes(chunk).decode()
@@ -138,9 +144,22 @@ async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: fl
                     started = True
                     yield sse.stream_start(msg_id, model, {**usage, "output_tokens": 0})
                 for c in obj.get("choices") or []:
-                    delta = (c.get("delta") or {}).get("content")
-                    if delta:
-                        yield sse.stream_delta(delta)
+                    delta = c.get("delta") or {}
+                    if delta.get("content") and in_tool:  # text after a call: a new block
+                        yield sse.block_stop(block)
+                        block, in_tool = block + 1, False
+                        yield sse.text_start(block)
+                    if delta.get("content"):
+                        yield sse.stream_delta(delta["content"], block)
+                    for call in delta.get("tool_calls") or []:
+                        fn = call.get("function") or {}
+                        if call.get("id"):
+                            yield sse.block_stop(block)
+                            block, in_tool = block + 1, True
+                            yield sse.tool_use_start(block, str(wire.tool_use_id(call["id"])),
+                                                     str(fn.get("name")))
+                        if fn.get("arguments"):
+                            yield sse.input_json_delta(block, fn["arguments"])
                     finish = c.get("finish_reason") or finish
     except Exception as exc:  # the stream has begun: answer with an error event
         log.exception("Messages stream failed")
@@ -148,4 +167,4 @@ async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: fl
         return
     if not started:
         yield sse.stream_start(msg_id, model, usage or wire.anthropic_usage(0, 0, 0))
-    yield sse.stream_stop(finish, usage or wire.anthropic_usage(0, 0, 0))
+    yield sse.block_stop(block) + sse.stream_end(finish, usage or wire.anthropic_usage(0, 0, 0))

@@ -33,18 +33,16 @@ from prefixcache.text.messages import MessageError, check_messages
 # OpenAI fields accepted and ignored (they do not change the generated tokens).
 IGNORED_FIELDS = {
     "completions": ("user",),
-    "chat": ("user", "metadata", "store", "service_tier", "parallel_tool_calls",
-             "reasoning_effort", "prediction", "web_search_options", "functions",
-             "function_call"),
+    "chat": ("user", "metadata", "store", "service_tier", "reasoning_effort",
+             "prediction", "web_search_options"),
 }
-# ``tool_choice`` "auto"/"none" is accepted; the template sees ``tools`` but the reply is
-# returned as text (no tool-call parsing). Fields rejected when set to a value we cannot
-# honour: see ``check_unsupported``.
+# ``tools`` and ``tool_choice`` are checked and planned in ``server/tools.py``. Fields
+# rejected when set to a value we cannot honour: see ``check_unsupported``.
 UNSUPPORTED = ("best_of > 1 with stream", "suffix", "logit_bias (non-empty)",
                "echo with logprobs",
                "response_format other than text, json_object, json_schema",
-               "tool_choice 'required' or a named function", "modalities other than ['text']",
-               "audio", "non-text message content parts")
+               "functions / function_call (deprecated: use tools)",
+               "modalities other than ['text']", "audio", "non-text message content parts")
 
 MAX_CACHE_SALT_CHARS = 1024
 
@@ -217,9 +215,10 @@ def check_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
         return
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages")
-    tc = req.tool_choice
-    if tc is not None and tc not in ("auto", "none"):
-        raise bad_request("only tool_choice 'auto' or 'none' is supported", "tool_choice")
+    for old in ("functions", "function_call"):
+        if getattr(req, old) is not None:
+            raise bad_request(f"{old} is deprecated and not supported; use tools and "
+                              "tool_choice", old)
     if req.modalities is not None and req.modalities != ["text"]:
         raise bad_request("only the 'text' modality is supported", "modalities")
     if req.audio is not None:

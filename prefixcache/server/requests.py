@@ -8,6 +8,7 @@ tokenizes prompts or renders the chat template off the event loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import uuid
@@ -16,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prefixcache.cache.pins import MAX_PIN_TTL_S, MIN_PIN_TTL_S
-from prefixcache.sampling_params import ParamError, SamplingParams
+from prefixcache.outputs import RequestOutput
+from prefixcache.sampling_params import ParamError, SamplingParams, StructuredOutputsParams
 from prefixcache.server.errors import APIError, bad_request
 from prefixcache.server.logsafe import name_list
 from prefixcache.server.protocol import (
@@ -28,6 +30,8 @@ from prefixcache.server.protocol import (
 )
 from prefixcache.server.responses import Prepared
 from prefixcache.server.structured import rename_for, structured_outputs
+from prefixcache.server.tools import ToolPlan, forced_grammar, plan_tools
+from prefixcache.server.transcripts import TranscriptTokens
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +46,15 @@ class RequestPreparer:
         tokenizer: the model's tokenizer (``None``: token-id prompts only).
         model_names: the names clients may send as ``model`` (first is reported).
         validate: ``LLMEngine.validate`` (pure: reads the vocabulary and context length).
+        tool_parser: the tool-call parser's name (:func:`.tools.choose_parser`).
     """
 
     def __init__(self, *, tokenizer: Any, model_names: list[str],
-                 validate: Callable[[list[int], SamplingParams], None]):
+                 validate: Callable[[list[int], SamplingParams], None],
+                 tool_parser: str = "hermes"):
         self.tokenizer = tokenizer
+        self.tool_parser = tool_parser
+        self.transcripts = TranscriptTokens()
         self.model_names = list(model_names)
         self.validate = validate
         # Tokenization and chat templates run off the event loop, one at a time (Hugging
@@ -94,8 +102,11 @@ class RequestPreparer:
                         bool(req.stream), *self._stream_opts(req), bool(req.echo),
                         req.logprobs, req.cache_salt, arrival, request_pin_ttl(req))
 
-    async def chat(self, req: ChatCompletionRequest, arrival: float) -> Prepared:
-        """A ``/v1/chat/completions`` request, ready for the engine. Raises APIError."""
+    async def chat(self, req: ChatCompletionRequest, arrival: float,
+                   tenant: str | None = None) -> Prepared:
+        """A ``/v1/chat/completions`` request, ready for the engine; its prompt reuses
+        the ids of a recorded transcript it starts with (:mod:`.transcripts`, per
+        ``tenant`` and ``cache_salt``). Raises APIError."""
         model = self._common(req, "chat")
         rename = {"logprobs": "top_logprobs", "prompt": "messages"}
         if req.max_completion_tokens is not None:
@@ -108,23 +119,63 @@ class RequestPreparer:
                               "(prefill only) is a /v1/completions feature", name)
         params = self._sampling_params(req, rename=rename)
         rename |= self._so_rename(req)
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                          self.tool_parser)
+        if plan is not None:
+            params = self._constrain(plan, params)
+            if plan.forced:
+                rename["structured_outputs.grammar"] = "tools"
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer, so no chat template", "messages")
         messages = message_dicts(req)
         add_gen = req.add_generation_prompt is not False
 
-        def render() -> list[int]:
-            return self.tokenizer.apply_chat_template(messages, tools=req.tools,
-                                                      add_generation_prompt=add_gen)
+        namespace = (tenant, req.cache_salt)
+
+        def render() -> tuple[str, list[int]]:
+            text = self.tokenizer.render_chat(messages, tools=req.tools,
+                                              add_generation_prompt=add_gen)
+            return text, self.transcripts.encode(
+                namespace, text, lambda t: self.tokenizer.encode(t, add_special_tokens=False))
         try:
-            ids = await self._off_loop(render)
+            text, ids = await self._off_loop(render)
         except ValueError as exc:
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
         await self._validate(ids, params, rename)
         top = (req.top_logprobs or 0) if req.logprobs else None
         return Prepared("chat", f"chatcmpl-{uuid.uuid4().hex}", model, [(ids, None)], params,
                         bool(req.stream), *self._stream_opts(req), False, top,
-                        req.cache_salt, arrival, request_pin_ttl(req))
+                        req.cache_salt, arrival, request_pin_ttl(req), plan, text, namespace)
+
+    def record(self, prep: Prepared, out: RequestOutput) -> None:
+        """Record a finished chat reply's transcript (:mod:`.transcripts`): the prompt's
+        ids and the reply's, without a final token whose text the reply does not show
+        (a stop token)."""
+        comp = out.outputs[0] if out.outputs else None
+        if (prep.chat_text is None or prep.namespace is None or comp is None
+                or comp.finish_reason not in ("stop", "length") or self.tokenizer is None):
+            return
+        ids = list(comp.token_ids)
+        for n in (len(ids), len(ids) - 1):
+            if n >= 0 and self.tokenizer.decode(ids[:n], skip_special_tokens=False) == comp.text:
+                self.transcripts.record(prep.namespace, prep.chat_text + comp.text,
+                                        list(prep.prompts[0][0]) + ids[:n])
+                return
+
+    @staticmethod
+    def _constrain(plan: ToolPlan, params: SamplingParams) -> SamplingParams:
+        """``params`` for a request whose reply is parsed for calls: markers that are
+        special tokens are kept in the text; a forced choice is a grammar."""
+        if plan.forced and params.structured_outputs is not None:
+            raise bad_request("tool_choice 'required' or a named function cannot be "
+                              "combined with another output constraint", "tool_choice")
+        changes: dict[str, Any] = {}
+        if plan.forced:
+            changes["structured_outputs"] = StructuredOutputsParams(
+                grammar=forced_grammar(plan))
+        if plan.parser is not None and not plan.parser.skip_special_tokens:
+            changes["skip_special_tokens"] = False
+        return dataclasses.replace(params, **changes) if changes else params
 
     # -- checks ----------------------------------------------------------------------------
     def _check_model(self, model: str | None) -> str:

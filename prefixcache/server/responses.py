@@ -35,6 +35,14 @@ from prefixcache.outputs import CompletionOutput, Logprob, RequestOutput
 from prefixcache.sampling_params import SamplingParams
 from prefixcache.server.drain import ShuttingDown
 from prefixcache.server.errors import SERVER_ERROR
+from prefixcache.server.tools import ToolPlan
+from prefixcache.text.tool_parsers.streaming import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    StreamingToolParser,
+    new_call_id,
+)
 
 
 class EngineFailure(RuntimeError):
@@ -58,6 +66,9 @@ class Prepared:
     cache_salt: str | None
     arrival: float
     pin_ttl_s: float | None = None             # the ``cache_ttl`` extension, seconds
+    tools: ToolPlan | None = None              # chat: how the reply's calls are parsed
+    chat_text: str | None = None               # chat: the rendered prompt text
+    namespace: tuple | None = None             # chat: (tenant, cache_salt) of transcripts
 
 
 class ResponseRenderer:
@@ -77,12 +88,12 @@ class ResponseRenderer:
         for idx, _, comp in _choices(finals):
             cidx = idx * prep.params.n + comp.index
             if prep.kind == "chat":
+                message, finish = chat_message(prep.tools, comp.text, comp.finish_reason)
                 choices.append({
-                    "index": cidx,
-                    "message": {"role": "assistant", "content": comp.text},
+                    "index": cidx, "message": message,
                     "logprobs": (self._chat_logprobs(comp.token_ids, comp.logprobs, prep.logprobs)
                                  if prep.logprobs is not None else None),
-                    "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason})
+                    "finish_reason": finish, "stop_reason": comp.stop_reason})
             else:
                 prefix = (prep.prompts[idx][1] or "") if prep.echo else ""
                 choices.append({
@@ -107,12 +118,13 @@ class ResponseRenderer:
                 "created": int(time.time()), "model": prep.model}
         sent: dict[int, tuple[int, int, bool]] = {}  # choice -> (tokens, chars, finished)
         latest_out: dict[int, RequestOutput] = {}
+        calls: dict[int, StreamingToolParser] = {}  # chat with tools: per choice
         try:
             async with aclosing(updates) as it:  # type: ignore[type-var]
                 async for latest in it:
                     latest_out.update(latest)
                     for idx, out, comp in _choices(latest):
-                        for chunk in self._chunks(prep, head, idx, out, comp, sent):
+                        for chunk in self._chunks(prep, head, idx, out, comp, sent, calls):
                             yield _sse(chunk)
             if prep.include_usage:
                 yield _sse({**head, "choices": [], "usage": _usage(latest_out.values())})
@@ -123,7 +135,8 @@ class ResponseRenderer:
         yield "data: [DONE]\n\n"
 
     def _chunks(self, prep: Prepared, head: dict, idx: int, out: RequestOutput,
-                comp: CompletionOutput, sent: dict[int, tuple[int, int, bool]]) -> list[dict]:
+                comp: CompletionOutput, sent: dict[int, tuple[int, int, bool]],
+                calls: dict[int, StreamingToolParser]) -> list[dict]:
         """The chunks that bring prompt ``idx``'s sample ``comp`` up to date (none while
         nothing new may be shown); records what they send in ``sent``. Raises
         EngineFailure."""
@@ -156,6 +169,22 @@ class ResponseRenderer:
             lp = (self._chat_logprobs(new_ids, new_lps, prep.logprobs) if chat
                   else self._completion_logprobs(new_ids, new_lps, t0))
         finish = comp.finish_reason if done else None
+        if chat and prep.tools is not None and prep.tools.parser is not None:
+            parser = calls.setdefault(cidx, StreamingToolParser(prep.tools.parser))
+            deltas = tool_deltas(parser, delta, finish is not None, prep.tools.parallel)
+            if finish is not None and parser.calls_started and finish == "stop":
+                finish = "tool_calls"
+            if not deltas and finish is None and lp is None:
+                return chunks  # nothing certain yet (a tag or an argument being written)
+            deltas = deltas or [{}]
+            for k, d in enumerate(deltas):
+                last = k == len(deltas) - 1
+                choice = {"index": cidx, "delta": d, "logprobs": lp if k == 0 else None,
+                          "finish_reason": finish if last else None}
+                if last and finish is not None:
+                    choice["stop_reason"] = comp.stop_reason
+                chunks.append(self._chunk(head, prep, choice, usage))
+            return chunks
         if chat:
             choice = {"index": cidx, "delta": {"content": delta} if delta or not finish else {},
                       "logprobs": lp, "finish_reason": finish}
@@ -211,13 +240,53 @@ class ResponseRenderer:
         return {"content": content}
 
 
-
-
 def _choices(outputs: dict[int, RequestOutput]
              ) -> list[tuple[int, RequestOutput, CompletionOutput]]:
     """``(prompt index, output, sample)`` in choice order."""
     return [(idx, outputs[idx], comp) for idx in sorted(outputs)
             for comp in sorted(outputs[idx].outputs, key=lambda c: c.index)]
+
+
+def chat_message(plan: ToolPlan | None, text: str, finish: str | None
+                 ) -> tuple[dict[str, Any], str | None]:
+    """The assistant ``message`` of a finished reply and its ``finish_reason``: with
+    a tool plan, the calls parsed out of ``text`` as ``tool_calls`` (only the first
+    without ``parallel``; ``content`` is ``None`` when nothing else was said) and
+    ``"tool_calls"`` for a reply that stopped."""
+    if plan is None or plan.parser is None:
+        return {"role": "assistant", "content": text}, finish
+    content, calls = plan.parser.extract(text)
+    calls = calls if plan.parallel else calls[:1]
+    if not calls:
+        return {"role": "assistant", "content": content}, finish
+    message = {"role": "assistant", "content": content or None, "tool_calls": [
+        {"id": new_call_id(), "type": "function",
+         "function": {"name": c.name, "arguments": c.arguments}} for c in calls]}
+    return message, "tool_calls" if finish == "stop" else finish
+
+
+def tool_deltas(parser: StreamingToolParser, text: str, final: bool,
+                parallel: bool = True) -> list[dict[str, Any]]:
+    """The ``delta`` objects for new ``text`` of a streamed reply parsed for calls: a
+    call's first delta has its index, id, type and name (arguments ``""``), later ones
+    argument fragments; content outside calls as ``content`` deltas. Without
+    ``parallel`` (``parallel_tool_calls: false``) only the first call is sent."""
+    events = parser.feed(text) if text else []
+    if final:
+        events += parser.finish()
+    if not parallel:
+        events = [e for e in events if isinstance(e, ContentDelta) or e.index == 0]
+    out: list[dict[str, Any]] = []
+    for e in events:
+        if isinstance(e, ContentDelta):
+            out.append({"content": e.text})
+        elif isinstance(e, CallStart):
+            out.append({"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
+                                        "function": {"name": e.name, "arguments": ""}}]})
+        elif isinstance(e, ArgumentsDelta):
+            out.append({"tool_calls": [{"index": e.index,
+                                        "function": {"arguments": e.text}}]})
+    return out
 
 
 def _usage(outputs: Any) -> dict[str, Any]:

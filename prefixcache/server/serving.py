@@ -55,14 +55,16 @@ class OpenAIServing:
         drain: the app's shutdown state (default: one that never begins).
         max_prompts_queued: the engine's ``max_waiting_requests`` (``None``: no limit);
             a request with more prompts can never be admitted.
+        tool_parser: the tool-call parser's name (:func:`.tools.choose_parser`).
     """
 
     def __init__(self, engine: AsyncEngine, *, tokenizer: Any, model_names: list[str],
                  validate: Callable[[list[int], SamplingParams], None],
-                 drain: Drain | None = None, max_prompts_queued: int | None = None):
+                 drain: Drain | None = None, max_prompts_queued: int | None = None,
+                 tool_parser: str = "hermes"):
         self.engine = engine
         self.prepare = RequestPreparer(tokenizer=tokenizer, model_names=model_names,
-                                       validate=validate)
+                                       validate=validate, tool_parser=tool_parser)
         self.render = ResponseRenderer(tokenizer)
         self.drain = drain or Drain()
         self.max_prompts_queued = max_prompts_queued
@@ -78,7 +80,7 @@ class OpenAIServing:
         """``pin_ttl_s``: how long the prompt's pages should stay cached (the Messages
         route's ``cache_control``), seconds; ``None`` keeps what the body asks for
         (``cache_ttl`` / ``cache_control``, or no pin)."""
-        prep = await self.prepare.chat(req, arrival)
+        prep = await self.prepare.chat(req, arrival, principal.tenant)
         if pin_ttl_s is not None:
             prep.pin_ttl_s = pin_ttl_s
         return await self._serve(prep, principal, request)
@@ -117,11 +119,11 @@ class OpenAIServing:
         self.drain.track(queue)
         return queue, specs
 
-    async def _updates(self, queue: asyncio.Queue, specs: list[RequestSpec], pending: set[int]
-                       ) -> AsyncIterator[dict[int, RequestOutput]]:
+    async def _updates(self, prep: Prepared, queue: asyncio.Queue, specs: list[RequestSpec],
+                       pending: set[int]) -> AsyncIterator[dict[int, RequestOutput]]:
         """Latest output per prompt index, as they come (``pending``: indices not
-        finished yet, updated); aborts the unfinished engine requests when closed early
-        (client gone, error)."""
+        finished yet, updated); a finished chat reply's transcript is recorded; aborts
+        the unfinished engine requests when closed early (client gone, error)."""
         try:
             while pending:
                 items = [await queue.get()]
@@ -137,6 +139,7 @@ class OpenAIServing:
                 for idx, out in latest.items():
                     if out.finished:
                         pending.discard(idx)
+                        self.prepare.record(prep, out)
                 yield latest
         finally:
             self.drain.untrack(queue)
@@ -151,7 +154,7 @@ class OpenAIServing:
     async def _serve(self, prep: Prepared, principal: Principal, request: Request) -> Response:
         queue, specs = await self._submit(prep, principal)
         pending = {s.index for s in specs}
-        updates = self._updates(queue, specs, pending)
+        updates = self._updates(prep, queue, specs, pending)
         if prep.stream:
             # The abort on close also covers a stream cancelled before its first chunk.
             def on_close() -> None:

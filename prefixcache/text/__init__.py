@@ -10,6 +10,9 @@
 - :mod:`.chat_template`: Jinja chat templates rendered by transformers' own renderer,
   and the builtin ChatML template.
 - :mod:`.detokenizer`: streaming token ids -> text deltas.
+- :mod:`.tool_prompt`: tools and tool calls prepared for a chat template (the Hermes
+  fallback for templates without tool syntax); :mod:`.tool_parsers`: generated text ->
+  tool calls (Hermes, Llama 3 JSON, Mistral), streaming included.
 
 Nothing here imports torch, ``prefixcache.model`` or any package above it. This
 ``__init__`` re-exports nothing: import the submodules.

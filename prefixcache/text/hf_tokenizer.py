@@ -7,8 +7,9 @@ settings (BOS, normalizers) and renders chat templates with ``apply_chat_templat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from prefixcache.text import tool_prompt
 from prefixcache.text.chat_template import ChatTemplateError
 from prefixcache.text.tokenizer import Offsets, Tokenizer
 
@@ -92,11 +93,19 @@ class HFTokenizer(Tokenizer):
                     add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; send a plain prompt")
-        schemas: Any = tools
+        def render(objects: bool) -> str:
+            msgs, schemas = tool_prompt.prepare(self.chat_template, messages, tools, objects)
+            try:
+                text = self._tok.apply_chat_template(
+                    msgs, tools=cast(Any, schemas), tokenize=False,
+                    add_generation_prompt=add_generation_prompt)
+            except Exception as e:  # noqa: BLE001  (jinja raises anything; raise_exception())
+                raise ChatTemplateError(f"chat template error: {e}") from None
+            assert isinstance(text, str)  # tokenize=False
+            return text
         try:
-            text = self._tok.apply_chat_template(messages, tools=schemas, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
-        except Exception as e:  # noqa: BLE001  (jinja raises anything; raise_exception())
-            raise ChatTemplateError(f"chat template error: {e}") from None
-        assert isinstance(text, str)  # tokenize=False
-        return text
+            return render(True)
+        except ChatTemplateError:
+            if not tool_prompt.has_text_arguments(messages):
+                raise
+            return render(False)

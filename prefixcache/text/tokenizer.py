@@ -14,7 +14,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from prefixcache.text.chat_template import render_chat_template
+from prefixcache.text import tool_prompt
+from prefixcache.text.chat_template import ChatTemplateError, render_chat_template
 
 Offsets = list[tuple[int, int]]  # per token: [start, end) character offsets in the text
 
@@ -78,7 +79,9 @@ class Tokenizer(ABC):
     def render_chat(self, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None = None,
                     add_generation_prompt: bool = True) -> str:
-        """Prompt text of a conversation (OpenAI-style message dicts).
+        """Prompt text of a conversation (OpenAI-style message dicts). Tools and tool
+        calls go through :func:`.tool_prompt.prepare` first (a template without tool
+        syntax gets the Hermes fallback).
 
         Raises:
             ValueError: there is no chat template.
@@ -86,8 +89,16 @@ class Tokenizer(ABC):
         """
         if not self.chat_template:
             raise ValueError("this model has no chat template; send a plain prompt")
-        return render_chat_template(self.chat_template, messages, tools,
-                                    add_generation_prompt, **self.template_vars)
+        def render(objects: bool) -> str:
+            msgs, schemas = tool_prompt.prepare(self.chat_template, messages, tools, objects)
+            return render_chat_template(str(self.chat_template), msgs, schemas,
+                                        add_generation_prompt, **self.template_vars)
+        try:
+            return render(True)
+        except ChatTemplateError:
+            if not tool_prompt.has_text_arguments(messages):
+                raise
+            return render(False)
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             tools: list[dict[str, Any]] | None = None,

@@ -17,7 +17,7 @@ from prefixcache.sampling_params import ParamError
 
 
 def test_generate_json_matches_the_offline_api(capsys):
-    assert main(["generate", "--model", "builtin:tiny", "--json", "--max-tokens", "6",
+    assert main(["generate", "--model", "builtin:tiny", "--raw", "--json", "--max-tokens", "6",
                  "Hello there", "Hello there!"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     ref = LLM("builtin:tiny").generate(["Hello there", "Hello there!"],
@@ -121,7 +121,7 @@ def test_bad_dtype_flag_is_an_argparse_error(capsys):
 
 
 def test_sampling_seed_is_the_requests_seed_and_seed_the_engines(capsys):
-    sampled = ["generate", "--model", "builtin:tiny", "--json", "--max-tokens", "8",
+    sampled = ["generate", "--model", "builtin:tiny", "--raw", "--json", "--max-tokens", "8",
                "--temperature", "1.0", "Hi"]
     assert main([*sampled, "--sampling-seed", "3"]) == 0
     assert main([*sampled, "--sampling-seed", "3", "--seed", "99"]) == 0
@@ -175,6 +175,18 @@ def test_chat_outputs_carry_the_rendered_prompt(capsys):
     line = json.loads(capsys.readouterr().out)
     assert line["prompt"] == "<bos><|user|>Hi<|end|><|assistant|>"
     assert line["prompt_tokens"] == 6 and line["token_ids"] == out.outputs[0].token_ids
+    # the template is the default; --raw sends the text as is
+    assert main(["generate", "--model", "builtin:tiny", "--json", "--max-tokens", "2",
+                 "Hi"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt"] == line["prompt"]
+    assert main(["generate", "--model", "builtin:tiny", "--raw", "--json", "--max-tokens", "2",
+                 "Hi"]) == 0
+    raw = json.loads(capsys.readouterr().out)
+    assert raw["prompt"] == "Hi" and raw["prompt_tokens"] == 3  # <bos> H i
+    with pytest.raises(SystemExit) as exc:  # argparse: one or the other
+        main(["generate", "--model", "builtin:tiny", "--raw", "--chat", "Hi"])
+    assert exc.value.code == 2
+    assert "--chat: not allowed with argument --raw" in capsys.readouterr().err
 
 
 def test_tier_flags_reach_the_config(tmp_path):

@@ -217,11 +217,11 @@ def test_text_imports_only_downward():
     banned = ("torch", "prefixcache.model", "prefixcache.engine", "prefixcache.server",
               "prefixcache.bench", "prefixcache.analyze", "prefixcache.cache")
     found = []
-    for file in Path(prefixcache.text.__file__).parent.glob("*.py"):
+    for file in Path(prefixcache.text.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(file.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{file.name}: {n}" for n in names
                       if any(n == b or n.startswith(b + ".") for b in banned)]
     assert found == []
-    assert len(list(Path(prefixcache.text.__file__).parent.glob("*.py"))) == 12  # + grammar_ebnf
+    assert len(list(Path(prefixcache.text.__file__).parent.glob("*.py"))) == 13  # + tool_prompt
