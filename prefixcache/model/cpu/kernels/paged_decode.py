@@ -9,19 +9,11 @@ CUDA).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from prefixcache.model.kernels import build
+from prefixcache.model.cpu.kernels import build
 
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 256  # geometry this path is used for
-
-
-def enabled() -> bool:
-    """Whether the kernel may be used (``PREFIXCACHE_DECODE_KERNEL`` is not ``0``
-    and :func:`.build.enabled`: by default only on a CPU with AVX-512F)."""
-    return os.environ.get("PREFIXCACHE_DECODE_KERNEL", "1") != "0" and build.enabled()
 
 
 load = build.load
