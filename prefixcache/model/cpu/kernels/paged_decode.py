@@ -4,8 +4,8 @@ The kernel walks each decode row's page table and reads its keys and values wher
 lie in the pool, with an online softmax per page: no gathered copy of the context (the
 copy and the padded SDPA were half of a multi-sequence decode step,
 ``benchmarks/speed/analysis.md``). Built with the other CPU kernels (:mod:`.build`).
-``PREFIXCACHE_DECODE_KERNEL=0`` turns this one off (attention then gathers pages, as on
-CUDA).
+Used by :mod:`prefixcache.model.cpu.backend` when its ``decode_kernel`` switch is on (off,
+attention gathers pages, as on CUDA).
 """
 from __future__ import annotations
 
