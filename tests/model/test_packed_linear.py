@@ -140,10 +140,9 @@ def test_onednn_sees_only_the_bucketed_row_counts_and_the_bits_do_not_change(mon
     """oneDNN caches a kernel per shape it is called with; over 600 distinct step sizes the
     packed path calls it with the 13 row counts of KERNEL_ROWS only, and every result is
     the bits of one oneDNN call over all the rows."""
-    from prefixcache.model import packed_linear
+    from prefixcache.model.cpu import packed_linear
     from prefixcache.model.cpu.packed_linear import KERNEL_ROWS
 
-    monkeypatch.setenv("PREFIXCACHE_SMALL_GEMM", "0")  # 2-8 rows on oneDNN too
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
     lin = PackedLinear(w, b)
@@ -191,9 +190,8 @@ for rows in range(9, 509):
     lin(torch.randn(rows, 256), residual=torch.randn(rows, 512))
 print((proc.memory_info().rss - before) / 2**20)
 """
-    env = {**__import__("os").environ, "PREFIXCACHE_SMALL_GEMM": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=600, check=True).stdout.split()[-1]
+                         timeout=600, check=True).stdout.split()[-1]
     if out == "SKIP":
         pytest.skip("no oneDNN packed path in this PyTorch")
     assert float(out) < 150, f"resident memory grew by {out} MiB"
