@@ -1,4 +1,6 @@
-"""``PagedLlama``: the Llama-family decoder (Llama, Mistral, Qwen2) over the paged KV pool.
+"""``PagedLlama``: the Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4-mini,
+Gemma 3 text) over the paged KV pool; the families' differences are switches of
+:class:`~prefixcache.model.config.ModelConfig`.
 
 Per layer: RMSNorm -> fused q/k/v projection -> RoPE -> write the step's new K/V into the
 pool at ``slot_mapping`` -> attention of each sequence against its context KV gathered
@@ -19,6 +21,12 @@ On the CPU (float32), RoPE with the KV write, SiLU times up and RMSNorm's scalin
 fused ops that return torch's bits (:mod:`prefixcache.model.kernels.fused_ops`), and
 linears of 1-8 rows as a weight-streaming kernel (:mod:`~prefixcache.model.kernels.
 small_gemm`, via :class:`PackedLinear`).
+
+Per family: Qwen3 and Gemma 3 norm each q and k head before RoPE; Gemma 3 norms the
+attention and MLP outputs before their residual adds, scales the embeddings, uses
+``gelu_pytorch_tanh`` and its own query scale, and rotates its sliding-window layers with a
+second RoPE base; Phi-4-mini rotates only the first ``rotary_dim`` dimensions of a head.
+These layers run torch's ops for q/k (no fused RoPE write).
 
 Limits: on the CPU, attention reads the KV pages in place (the paged decode and prefill
 kernels of :mod:`prefixcache.model.kernels`); elsewhere, or for sliding-window layers'
@@ -41,7 +49,7 @@ from prefixcache.model.attention import (
     plan_attention,
     prefill_in_place,
 )
-from prefixcache.model.config import ModelConfig
+from prefixcache.model.config import ModelConfig, RopeScaling
 from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kernels import fused_ops
 from prefixcache.model.kv_pool import KVPool
@@ -94,6 +102,10 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = p(2 * i) if cfg.mlp_bias else None
         self.down_weight = p(h, i)
         self.down_bias = p(h) if cfg.mlp_bias else None
+        self.q_norm = p(d) if cfg.qk_norm else None
+        self.k_norm = p(d) if cfg.qk_norm else None
+        self.attn_out_norm = p(h) if cfg.sandwich_norms else None
+        self.mlp_out_norm = p(h) if cfg.sandwich_norms else None
         # multi-row steps use oneDNN-prepacked weights (packed on first use)
         self.qkv_proj = PackedLinear(self.qkv_weight, self.qkv_bias)
         self.o_proj = PackedLinear(self.o_weight, self.o_bias)
@@ -103,6 +115,13 @@ class DecoderLayer(nn.Module):
         self.kv_size = cfg.num_key_value_heads * d
         self.head_dim = d
         self.eps = cfg.rms_norm_eps
+        self.rotary_dim = cfg.rotary_dim
+        self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
+        # q is scaled so that the attention's default head_dim ** -0.5 gives query_scale
+        self.q_scale = (None if cfg.query_scale is None
+                        or cfg.query_scale == d ** -0.5 else cfg.query_scale * d ** 0.5)
+        # the fused RoPE + KV write handles a plain full-rotary q/k only
+        self.plain_qk = not cfg.qk_norm and self.rotary_dim == d and self.q_scale is None
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,8 +129,20 @@ class DecoderLayer(nn.Module):
         for residual stream ``x [N, hidden]`` and RoPE ``cos``/``sin [N, d]``."""
         qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps, fused))
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
-        qk = apply_rope(qk.unflatten(-1, (-1, self.head_dim)), cos, sin)  # q and k together
-        q, k = qk.split([self.q_size // self.head_dim, self.kv_size // self.head_dim], dim=1)
+        qk = qk.unflatten(-1, (-1, self.head_dim))
+        heads = self.q_size // self.head_dim
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = qk.split([heads, self.kv_size // self.head_dim], dim=1)
+            qk = torch.cat([rms_norm(q, self.q_norm, self.eps),
+                            rms_norm(k, self.k_norm, self.eps)], dim=1)
+        rd = self.rotary_dim
+        if rd == self.head_dim:
+            qk = apply_rope(qk, cos, sin)  # q and k together
+        else:  # partial rotary: the last head_dim - rotary_dim dimensions pass through
+            qk = torch.cat([apply_rope(qk[..., :rd], cos, sin), qk[..., rd:]], dim=-1)
+        q, k = qk.split([heads, self.kv_size // self.head_dim], dim=1)
+        if self.q_scale is not None:
+            q = q * self.q_scale
         return q, k, v.unflatten(-1, (-1, self.head_dim))
 
     def qkv_write(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVPool,
@@ -120,8 +151,8 @@ class DecoderLayer(nn.Module):
         """:meth:`qkv`, and the k and v of every row written to ``kv`` layer ``layer`` at
         ``slot_mapping [N]``; with ``fused`` (see :meth:`PagedLlama.fused_ops`) RoPE and
         the write are one pass over the projection, in place."""
-        if not fused:
-            q, k, v = self.qkv(x, cos, sin)
+        if not fused or not self.plain_qk:
+            q, k, v = self.qkv(x, cos, sin, fused)
             kv.write(layer, slot_mapping, k, v)
             return q, k, v
         qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps, fused))
@@ -134,14 +165,27 @@ class DecoderLayer(nn.Module):
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
-        ``attn [N, heads * d]``, then plus the SwiGLU MLP (``fused``: RMSNorm's scaling and
-        SiLU times up as the exact fused ops)."""
+        ``attn [N, heads * d]``, then plus the gated MLP (``fused``: RMSNorm's scaling and
+        SiLU times up as the exact fused ops). With sandwich norms (Gemma 3) each branch's
+        output is normed before it is added."""
+        if self.attn_out_norm is not None and self.mlp_out_norm is not None:
+            x = x + rms_norm(self.o_proj(attn), self.attn_out_norm, self.eps, fused)
+            h = self.down_proj(self._act(
+                self.gate_up_proj(rms_norm(x, self.post_norm, self.eps, fused)), fused))
+            return x + rms_norm(h, self.mlp_out_norm, self.eps, fused)
         x = self.o_proj(attn, residual=x)
         gate_up = self.gate_up_proj(rms_norm(x, self.post_norm, self.eps, fused))
+        return self.down_proj(self._act(gate_up, fused), residual=x)
+
+    def _act(self, gate_up: torch.Tensor, fused: bool) -> torch.Tensor:
+        """``act(gate) * up`` ``[N, intermediate]`` for ``gate_up [N, 2 * intermediate]``."""
+        if self.gelu:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return F.gelu(gate, approximate="tanh").mul_(up)
         if fused:
-            return self.down_proj(fused_ops.silu_mul(gate_up), residual=x)
+            return fused_ops.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up), residual=x)
+        return F.silu(gate).mul_(up)
 
 
 class PagedLlama(nn.Module):
@@ -173,8 +217,13 @@ class PagedLlama(nn.Module):
         self.norm = p(config.hidden_size)
         self.lm_head = self.embed if config.tie_word_embeddings else p(
             config.vocab_size, config.hidden_size)
-        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
+        self.rope = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling,
                                     self.device)
+        # Gemma 3: the sliding-window layers rotate with their own, unscaled base
+        self.local_rope = self.rope if config.local_rope_theta is None else RotaryEmbedding(
+            config.rotary_dim, config.local_rope_theta, RopeScaling(), self.device)
+        self.layer_ropes = [self.local_rope if w is not None else self.rope
+                            for w in config.layer_sliding_windows]
         self._lm_head = PackedLinear(self.lm_head)
 
     @property
@@ -214,9 +263,19 @@ class PagedLlama(nn.Module):
         return (self.device.type == "cpu" and self.dtype == torch.float32
                 and fused_ops.available())
 
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings ``[T, hidden]`` of int64 ``input_ids [T]``, times ``embed_scale``
+        (Gemma) in the model's dtype."""
+        x = F.embedding(input_ids, self.embed)
+        scale = self.config.embed_scale
+        return x if scale is None else x * torch.tensor(scale, dtype=self.dtype)
+
     def logits(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``."""
-        return self._lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps, fused)).float()
+        """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``
+        (soft-capped, ``c * tanh(logits / c)``, when the config says so)."""
+        out = self._lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps, fused)).float()
+        cap = self.config.final_logit_softcapping
+        return out if cap is None else torch.tanh(out / cap) * cap
 
 
 @torch.inference_mode()
@@ -230,8 +289,9 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
     cfg = model.config
     if not batch.seqs:
         return torch.empty(0, cfg.vocab_size, device=model.device)
-    x = F.embedding(batch.input_ids, model.embed)
-    cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
+    x = model.embed_tokens(batch.input_ids)
+    ropes = {id(r): r.cos_sin(batch.positions, max_ctx - 1, model.dtype)
+             for r in (model.rope, model.local_rope)}
     decode_kernel = decode_in_place(kv, cfg.num_attention_heads)
     prefill_kernel = prefill_in_place(kv, cfg.num_attention_heads)
     fused = model.fused_ops()
@@ -239,6 +299,7 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
                                in_place=decode_kernel, prefill_in_place=prefill_kernel)
              for w in set(cfg.layer_sliding_windows)}
     for i, layer in enumerate(model.decoder_layers):
+        cos, sin = ropes[id(model.layer_ropes[i])]
         q, k, v = layer.qkv_write(x, cos, sin, kv, i, batch.slot_mapping, fused)
         attn = paged_attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])
         x = layer.finish(x, attn, fused)
