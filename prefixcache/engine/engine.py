@@ -319,9 +319,13 @@ class LLMEngine:
         """Cache counters and gauges, engine counters, queue lengths."""
         d = self.cache.stats()
         d.update(self.counters)
+        mc, bs = self.model_config, self.config.block_size
         d.update(requests_running=len(self.scheduler.running),
                  requests_waiting=len(self.scheduler.waiting),
-                 num_preemptions=self.scheduler.num_preemptions)
+                 num_preemptions=self.scheduler.num_preemptions,
+                 pages_kept_for_global_layers=sum(
+                     mc.pages_for_global_layers_only(r.num_computed_tokens, bs)
+                     for r in self.scheduler.running.values()))
         if self.tiers is not None:
             d.update(self.tiers.stats())
         if self.shared is not None:

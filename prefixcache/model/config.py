@@ -152,10 +152,29 @@ class ModelConfig:
     @property
     def sliding_window(self) -> int | None:
         """The narrowest attention window, tokens, if any layer's window is smaller than
-        ``max_position_embeddings`` (so it can matter); else ``None``. The engine uses it
-        to decide whether prefix caching is allowed for this model."""
+        ``max_position_embeddings`` (so it can matter); else ``None``. Prefix caching
+        stays exact with windows: see :meth:`pages_for_global_layers_only` for the rule."""
         windows = [w for w in self.layer_sliding_windows if w is not None]
         return min(windows) if windows else None
+
+    def pages_for_global_layers_only(self, num_tokens: int, block_size: int) -> int:
+        """Leading full pages of a sequence of ``num_tokens`` computed tokens that no
+        sliding-window layer reads any more (its next query, at position ``num_tokens``,
+        sees keys ``> num_tokens - window`` under the widest window) but a global layer
+        still does: 0 unless the model interleaves sliding and global layers.
+
+        The sliding-window cache rule lives here and in the pool's layout: a page holds
+        the KV of every layer, and neither a running request's page table nor the prefix
+        index drops a page because the sliding layers stopped reading it. So a published
+        page is readable by every layer, a prefix hit gives each layer all it needs (the
+        global layers the whole prefix, the sliding ones their window), and outputs are
+        exact. The engine reports the sum over running requests as
+        ``pages_kept_for_global_layers`` (what keeping full KV costs over a windowed pool).
+        """
+        windows = [w for w in self.layer_sliding_windows if w is not None]
+        if not windows or len(windows) == len(self.layer_sliding_windows):
+            return 0
+        return max(0, (num_tokens - max(windows) + 1) // block_size)
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -148,3 +148,43 @@ def test_unsupported_gemma_settings_are_refused_by_name(models, tmp_path, key, v
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=key):
         load_model(str(path))
+
+
+def test_window_rule_counts_pages_kept_for_global_layers_only(models):
+    g = models["gemma3"][1].config  # windows (8, 8, None)
+    # the next query (position n) reads keys > n - 8: pages ending at or before n - 8
+    assert [g.pages_for_global_layers_only(n, 16) for n in (8, 22, 23, 24, 39, 40, 100)] == [
+        0, 0, 1, 1, 2, 2, 5]
+    assert models["qwen3"][1].config.pages_for_global_layers_only(100, 16) == 0
+    mistral = g.__class__(**{**g.__dict__, "layer_sliding_windows": (8, 8, 8)})
+    assert mistral.pages_for_global_layers_only(100, 16) == 0  # no global layer
+
+
+def test_engine_hit_longer_than_the_window_is_exact_and_counted(models):
+    """Through the engine: a second request hits a 64-token prefix (eight windows) of
+    the first; both continue as transformers does, and while the long request runs the
+    engine counts its pages that only the global layer still reads."""
+    from prefixcache.config import EngineConfig
+    from prefixcache.engine.engine import LLMEngine
+    from prefixcache.sampling_params import SamplingParams
+
+    hf, ours = models["gemma3"]
+    engine = LLMEngine(EngineConfig(model="gemma3", num_pages=32), loaded=ours)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    first, second = prompt(70, seed=8), prompt(70, seed=8)[:64] + prompt(9, seed=9)
+    outs = {}
+    for rid, ids in (("a", first), ("b", second)):
+        req = engine.add_request(rid, ids, params)
+        counted = []
+        while engine.has_unfinished_requests():
+            counted.append(engine.stats()["pages_kept_for_global_layers"])
+            for out in engine.step():
+                if out.finished:
+                    outs[rid] = out
+        # after the prefill (and the last decode) the request had n computed tokens
+        assert max(counted) == ours.config.pages_for_global_layers_only(
+            len(ids) + params.max_tokens - 1, 16) > 0
+        assert req.num_cached_tokens == (0 if rid == "a" else 64)
+    assert engine.stats()["pages_kept_for_global_layers"] == 0  # nothing running
+    assert outs["a"].outputs[0].token_ids == hf_greedy(hf, first, 6)
+    assert outs["b"].outputs[0].token_ids == hf_greedy(hf, second, 6)
