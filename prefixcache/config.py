@@ -27,6 +27,8 @@ DEFAULT_DISK_CACHE_BYTES = 8 << 30
 # prefixcache.cache.hashing.DEFAULT_ROOT_SEED (a test checks it).
 DEFAULT_HASH_ROOT_SEED = "prefixcache/v1"
 HASH_SEED_ENV = "PREFIXCACHE_HASH_SEED"
+# The compute backends a model may run on (prefixcache.model.loader.make_backend).
+COMPUTE_BACKENDS = ("auto", "torch", "cpu", "cpu-kernels")
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -106,6 +108,8 @@ class EngineConfig:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         dtype: a name or alias in :data:`DTYPES`; stored as its canonical name
             (``"float32"``, ``"bfloat16"``, ``"float16"``); ``torch_dtype`` is the resolved one.
+        compute_backend: the model's compute backend, chosen once at load (one of
+            :data:`COMPUTE_BACKENDS`; ``cpu`` and ``cpu-kernels`` need a CPU ``device``).
         deterministic: batch-invariant arithmetic; cold and warm runs are bit-identical.
         seed: seed of the engine's generator (unseeded sampling).
         shuffle_seed: start the page free list shuffled (non-contiguous pages; tests).
@@ -178,6 +182,10 @@ class EngineConfig:
     device: str = field(default="cpu", metadata=_opt("cpu, cuda or cuda:N"))
     dtype: str = field(default="float32", metadata=_opt(
         "weights and KV dtype: " + ", ".join(DTYPES)))
+    compute_backend: str = field(default="auto", metadata=_opt(
+        "the model's compute backend, chosen once at load: " + ", ".join(COMPUTE_BACKENDS)
+        + " (auto: torch off the CPU; on the CPU, the C++ kernels where the CPU has "
+        "AVX-512F)"))
     deterministic: bool = field(default=False, metadata=_opt(
         "batch-invariant arithmetic: cold and warm runs are bit-identical"))
     seed: int = field(default=0, metadata=_opt("seed of the engine's generator "
@@ -249,6 +257,8 @@ class EngineConfig:
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
              "must be >= 2")
         self.dtype = dtype_name(self.dtype)
+        need(self.compute_backend in COMPUTE_BACKENDS, "compute_backend",
+             f"must be one of {', '.join(COMPUTE_BACKENDS)}, got {self.compute_backend!r}")
         need(self.cache_aware_window_s >= 0, "cache_aware_window_s", "must be >= 0")
         need(self.max_waiting_requests is None or self.max_waiting_requests >= 1,
              "max_waiting_requests", f"must be >= 1 (0 would refuse every request), got "
@@ -284,6 +294,8 @@ class EngineConfig:
              f"must be cpu, cuda or cuda:N, got {self.device!r}")
         need(dev.type != "cuda" or torch.cuda.is_available(), "device",
              f"{self.device!r} asked for, but this torch build or machine has no CUDA")
+        need(dev.type == "cpu" or self.compute_backend in ("auto", "torch"), "compute_backend",
+             f"{self.compute_backend!r} runs on the CPU only, not on {self.device!r}")
         need(self.kv_store_ttl_s > 0, "kv_store_ttl_s", f"must be > 0, got {self.kv_store_ttl_s}")
         need(self.kv_store_timeout_s > 0, "kv_store_timeout_s",
              f"must be > 0, got {self.kv_store_timeout_s}")

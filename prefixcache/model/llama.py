@@ -17,22 +17,21 @@ the :class:`KVPool`; the engine's model runner picks one per engine:
 * deterministic (:func:`prefixcache.model.deterministic.forward_deterministic`):
   batch-invariant tiles; cost figures are in ``benchmarks/``.
 
-On the CPU (float32), RoPE with the KV write, SiLU times up and RMSNorm's scaling run as
-fused ops that return torch's bits (:mod:`prefixcache.model.kernels.fused_ops`), and
-linears of 1-8 rows as a weight-streaming kernel (:mod:`~prefixcache.model.kernels.
-small_gemm`, via :class:`PackedLinear`).
+Every op with more than one implementation (linears, RMSNorm, RoPE with the KV write,
+SiLU times up, attention, where tensors are placed) goes through the model's
+:class:`~prefixcache.model.backend.ComputeBackend`, chosen once at load: plain torch (the
+CUDA path: each sequence's context KV is gathered from its pages once per layer), or the
+CPU backend (:mod:`prefixcache.model.cpu.backend`: KV read in place by the paged kernels,
+exact fused ops, small GEMM, prepacked linears, huge pages). Sliding windows are applied
+by masking: all KV is kept, so outputs stay exact with prefix caching.
 
 Per family: Qwen3 and Gemma 3 norm each q and k head before RoPE; Gemma 3 norms the
 attention and MLP outputs before their residual adds, scales the embeddings, uses
 ``gelu_pytorch_tanh`` and its own query scale, and rotates its sliding-window layers with a
 second RoPE base; Phi-4-mini rotates only the first ``rotary_dim`` dimensions of a head.
-These layers run torch's ops for q/k (no fused RoPE write).
-
-Limits: on the CPU, attention reads the KV pages in place (the paged decode and prefill
-kernels of :mod:`prefixcache.model.kernels`); elsewhere, or for sliding-window layers'
-prefill chunks, each sequence's context KV is gathered (copied) from its pages once per
-layer. Sliding windows are applied by masking: all KV is kept, so outputs stay exact with
-prefix caching.
+These layers' q/k go through plain torch ops (RMSNorm and RoPE of
+:class:`~prefixcache.model.backend.TorchBackend`, then the pool write), not the backend's
+fused RoPE write.
 """
 from __future__ import annotations
 
@@ -42,36 +41,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import prefixcache.model.host_memory as host_memory
-from prefixcache.model.attention import (
-    decode_in_place,
-    paged_attention,
-    plan_attention,
-    prefill_in_place,
-)
+from prefixcache.model.backend import Allocator, ComputeBackend, TorchBackend
 from prefixcache.model.config import ModelConfig, RopeScaling
 from prefixcache.model.forward_batch import ForwardBatch
-from prefixcache.model.kernels import fused_ops
 from prefixcache.model.kv_pool import KVPool
-from prefixcache.model.packed_linear import PackedLinear
 from prefixcache.model.rope import RotaryEmbedding, apply_rope
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = False
-             ) -> torch.Tensor:
-    """RMSNorm over the last dimension, computed in float32, returned in ``x.dtype``.
-    ``fused``: the scaling runs as the exact fused CPU op (float32 rows, see
-    :meth:`PagedLlama.fused_ops`), the same bits in one pass."""
-    x32 = x.float()
-    r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    if fused:
-        return fused_ops.rms_apply(x32, r, weight)
-    return (x32 * r).to(x.dtype).mul_(weight)  # a new tensor either way: x is never written
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, computed in float32, returned in ``x.dtype`` (the
+    plain-torch op, :meth:`ComputeBackend.rms_norm`)."""
+    return TorchBackend().rms_norm(x, weight, eps)
 
 
-def _param(*shape: int, device, dtype, arena: host_memory.HugePageArena | None = None
+def _param(alloc: Allocator, *shape: int, device: torch.device, dtype: torch.dtype
            ) -> nn.Parameter:
-    return nn.Parameter(host_memory.empty(shape, dtype, device, arena), requires_grad=False)
+    return nn.Parameter(alloc(shape, dtype, device), requires_grad=False)
 
 
 class DecoderLayer(nn.Module):
@@ -83,13 +68,14 @@ class DecoderLayer(nn.Module):
         None; post_norm ``[hidden]``; gate_up_weight ``[2 * intermediate, hidden]`` (gate
         rows first), gate_up_bias or None; down_weight ``[hidden, intermediate]``,
         down_bias or None. ``qkv_proj``, ``o_proj``, ``gate_up_proj``, ``down_proj``: the
-        same weights as :class:`PackedLinear` (prepacked for steps of two rows or more).
+        backend's handles of the same weights (:meth:`ComputeBackend.prepare_linear`).
+        backend: the model's compute backend (:meth:`PagedLlama.set_backend`).
     """
 
-    def __init__(self, cfg: ModelConfig, device, dtype,
-                 arena: host_memory.HugePageArena | None = None):
+    def __init__(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 backend: ComputeBackend, alloc: Allocator):
         super().__init__()
-        p = lambda *shape: _param(*shape, device=device, dtype=dtype, arena=arena)  # noqa: E731
+        p = lambda *shape: _param(alloc, *shape, device=device, dtype=dtype)  # noqa: E731
         h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
         self.input_norm = p(h)
@@ -106,11 +92,11 @@ class DecoderLayer(nn.Module):
         self.k_norm = p(d) if cfg.qk_norm else None
         self.attn_out_norm = p(h) if cfg.sandwich_norms else None
         self.mlp_out_norm = p(h) if cfg.sandwich_norms else None
-        # multi-row steps use oneDNN-prepacked weights (packed on first use)
-        self.qkv_proj = PackedLinear(self.qkv_weight, self.qkv_bias)
-        self.o_proj = PackedLinear(self.o_weight, self.o_bias)
-        self.gate_up_proj = PackedLinear(self.gate_up_weight, self.gate_up_bias)
-        self.down_proj = PackedLinear(self.down_weight, self.down_bias)
+        self.backend = backend
+        self.qkv_proj = backend.prepare_linear(self.qkv_weight, self.qkv_bias)
+        self.o_proj = backend.prepare_linear(self.o_weight, self.o_bias)
+        self.gate_up_proj = backend.prepare_linear(self.gate_up_weight, self.gate_up_bias)
+        self.down_proj = backend.prepare_linear(self.down_weight, self.down_bias)
         self.q_size = cfg.num_attention_heads * d
         self.kv_size = cfg.num_key_value_heads * d
         self.head_dim = d
@@ -120,72 +106,79 @@ class DecoderLayer(nn.Module):
         # q is scaled so that the attention's default head_dim ** -0.5 gives query_scale
         self.q_scale = (None if cfg.query_scale is None
                         or cfg.query_scale == d ** -0.5 else cfg.query_scale * d ** 0.5)
-        # the fused RoPE + KV write handles a plain full-rotary q/k only
+        # the backend's RoPE (and fused RoPE write) handles a plain full-rotary q/k only
         self.plain_qk = not cfg.qk_norm and self.rotary_dim == d and self.q_scale is None
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False
+    def linears(self) -> list[object]:
+        """The layer's linear handles: q/k/v, output, gate/up, down."""
+        return [self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj]
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Normed, projected, rotated q ``[N, heads, d]``, k and v ``[N, kv_heads, d]``
         for residual stream ``x [N, hidden]`` and RoPE ``cos``/``sin [N, d]``."""
-        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps, fused))
+        b = self.backend
+        qkv = b.linear(b.rms_norm(x, self.input_norm, self.eps), self.qkv_proj)
+        if self.plain_qk:
+            return b.rope(qkv, cos, sin, self.q_size // self.head_dim, self.head_dim)
+        return self._family_qk(qkv, cos, sin)
+
+    def _family_qk(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of ``qkv`` for the families' variants: q/k RMSNorm per head, partial
+        rotary (``cos``/``sin [N, rotary_dim]``), the query scale."""
+        d = self.head_dim
         qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
-        qk = qk.unflatten(-1, (-1, self.head_dim))
-        heads = self.q_size // self.head_dim
+        qk = qk.unflatten(-1, (-1, d))
+        heads = self.q_size // d
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = qk.split([heads, self.kv_size // self.head_dim], dim=1)
+            q, k = qk.split([heads, self.kv_size // d], dim=1)
             qk = torch.cat([rms_norm(q, self.q_norm, self.eps),
                             rms_norm(k, self.k_norm, self.eps)], dim=1)
         rd = self.rotary_dim
-        if rd == self.head_dim:
+        if rd == d:
             qk = apply_rope(qk, cos, sin)  # q and k together
         else:  # partial rotary: the last head_dim - rotary_dim dimensions pass through
             qk = torch.cat([apply_rope(qk[..., :rd], cos, sin), qk[..., rd:]], dim=-1)
-        q, k = qk.split([heads, self.kv_size // self.head_dim], dim=1)
+        q, k = qk.split([heads, self.kv_size // d], dim=1)
         if self.q_scale is not None:
             q = q * self.q_scale
-        return q, k, v.unflatten(-1, (-1, self.head_dim))
+        return q, k, v.unflatten(-1, (-1, d))
 
     def qkv_write(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVPool,
-                  layer: int, slot_mapping: torch.Tensor, fused: bool = False
+                  layer: int, slot_mapping: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`qkv`, and the k and v of every row written to ``kv`` layer ``layer`` at
-        ``slot_mapping [N]``; with ``fused`` (see :meth:`PagedLlama.fused_ops`) RoPE and
-        the write are one pass over the projection, in place."""
-        if not fused or not self.plain_qk:
-            q, k, v = self.qkv(x, cos, sin, fused)
-            kv.write(layer, slot_mapping, k, v)
-            return q, k, v
-        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps, fused))
-        d = self.head_dim
-        fused_ops.rope_write(qkv, cos, sin, self.q_size // d, slot_mapping, kv.k[layer],
-                             kv.v[layer])
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        return (q.unflatten(-1, (-1, d)), k.unflatten(-1, (-1, d)),
-                v.unflatten(-1, (-1, d)))
+        ``slot_mapping [N]``."""
+        b = self.backend
+        qkv = b.linear(b.rms_norm(x, self.input_norm, self.eps), self.qkv_proj)
+        if self.plain_qk:
+            return b.rope_write(qkv, cos, sin, self.q_size // self.head_dim, self.head_dim,
+                                kv, layer, slot_mapping)
+        q, k, v = self._family_qk(qkv, cos, sin)
+        kv.write(layer, slot_mapping, k, v)
+        return q, k, v
 
-    def finish(self, x: torch.Tensor, attn: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
-        ``attn [N, heads * d]``, then plus the gated MLP (``fused``: RMSNorm's scaling and
-        SiLU times up as the exact fused ops). With sandwich norms (Gemma 3) each branch's
-        output is normed before it is added."""
+        ``attn [N, heads * d]``, then plus the gated MLP. With sandwich norms (Gemma 3)
+        each branch's output is normed before it is added."""
+        b = self.backend
         if self.attn_out_norm is not None and self.mlp_out_norm is not None:
-            x = x + rms_norm(self.o_proj(attn), self.attn_out_norm, self.eps, fused)
-            h = self.down_proj(self._act(
-                self.gate_up_proj(rms_norm(x, self.post_norm, self.eps, fused)), fused))
-            return x + rms_norm(h, self.mlp_out_norm, self.eps, fused)
-        x = self.o_proj(attn, residual=x)
-        gate_up = self.gate_up_proj(rms_norm(x, self.post_norm, self.eps, fused))
-        return self.down_proj(self._act(gate_up, fused), residual=x)
+            x = x + b.rms_norm(b.linear(attn, self.o_proj), self.attn_out_norm, self.eps)
+            gate_up = b.linear(b.rms_norm(x, self.post_norm, self.eps), self.gate_up_proj)
+            h = b.linear(self._act(gate_up), self.down_proj)
+            return x + b.rms_norm(h, self.mlp_out_norm, self.eps)
+        x = b.linear(attn, self.o_proj, residual=x)
+        gate_up = b.linear(b.rms_norm(x, self.post_norm, self.eps), self.gate_up_proj)
+        return b.linear(self._act(gate_up), self.down_proj, residual=x)
 
-    def _act(self, gate_up: torch.Tensor, fused: bool) -> torch.Tensor:
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``act(gate) * up`` ``[N, intermediate]`` for ``gate_up [N, 2 * intermediate]``."""
         if self.gelu:
             gate, up = gate_up.chunk(2, dim=-1)
             return F.gelu(gate, approximate="tanh").mul_(up)
-        if fused:
-            return fused_ops.silu_mul(gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate).mul_(up)
+        return self.backend.silu_mul(gate_up)
 
 
 class PagedLlama(nn.Module):
@@ -196,6 +189,8 @@ class PagedLlama(nn.Module):
         device, dtype: where and in which float type (float32, bfloat16, float16) the
             weights live and the arithmetic runs. Parameters are uninitialised; fill them
             with :func:`prefixcache.model.weights.load_hf_weights`.
+        backend: the compute backend (default :class:`TorchBackend`); the loader picks it
+            once (:func:`prefixcache.model.loader.make_backend`).
 
     Attributes:
         embed ``[vocab, hidden]``, layers (typed: :attr:`decoder_layers`), norm ``[hidden]``,
@@ -203,16 +198,16 @@ class PagedLlama(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, backend: ComputeBackend | None = None):
         super().__init__()
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
-        # CPU weights on huge pages (host_memory): a one-row decode step reads them all
-        arena = host_memory.HugePageArena()
-        p = lambda *shape: _param(*shape, device=self.device, dtype=dtype, arena=arena)  # noqa: E731
+        self.backend = backend = backend or TorchBackend()
+        alloc = backend.weight_allocator()
+        p = lambda *shape: _param(alloc, *shape, device=self.device, dtype=dtype)  # noqa: E731
         self.embed = p(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, self.device, dtype, arena)
+        self.layers = nn.ModuleList(DecoderLayer(config, self.device, dtype, backend, alloc)
                                     for _ in range(config.num_hidden_layers))
         self.norm = p(config.hidden_size)
         self.lm_head = self.embed if config.tie_word_embeddings else p(
@@ -224,7 +219,7 @@ class PagedLlama(nn.Module):
             config.rotary_dim, config.local_rope_theta, RopeScaling(), self.device)
         self.layer_ropes = [self.local_rope if w is not None else self.rope
                             for w in config.layer_sliding_windows]
-        self._lm_head = PackedLinear(self.lm_head)
+        self._lm_head = backend.prepare_linear(self.lm_head)
 
     @property
     def decoder_layers(self) -> list[DecoderLayer]:
@@ -232,18 +227,30 @@ class PagedLlama(nn.Module):
         ``nn.Module``s to a type checker)."""
         return cast(list[DecoderLayer], list(self.layers))
 
+    def set_backend(self, backend: ComputeBackend) -> None:
+        """Run on ``backend`` from now on. Its linear handles must be those of the current
+        backend (the A/B benchmarks switch between CPU backends with different kernel
+        switches); another kind of backend needs a model loaded for it."""
+        if type(backend).prepare_linear is not type(self.backend).prepare_linear:
+            raise ValueError(f"backend: {backend!r} prepares linears otherwise than "
+                             f"{self.backend!r}; load the model for it")
+        self.backend = backend
+        for layer in self.decoder_layers:
+            layer.backend = backend
+
     def prepack(self) -> int:
-        """Pack every :class:`PackedLinear` now (the loader calls it, so the first request
-        does not pay for it); returns how many are packed (0 off float32 CPU)."""
-        projs = [p for layer in self.decoder_layers
-                 for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
-        return sum(p.prepack() for p in [*projs, self._lm_head])
+        """Finish every linear handle now (:meth:`ComputeBackend.finish_linear`: the CPU
+        backend packs its weights; the loader calls it after the weights are filled, so the
+        first request does not pay for it); returns how many did something."""
+        handles = [h for layer in self.decoder_layers for h in layer.linears()]
+        return sum(self.backend.finish_linear(h) for h in [*handles, self._lm_head])
 
     def new_kv_pool(self, num_pages: int, block_size: int = 16) -> KVPool:
-        """A zeroed :class:`KVPool` matching this model's geometry, dtype and device."""
+        """A zeroed :class:`KVPool` matching this model's geometry, dtype and device,
+        allocated by its backend."""
         c = self.config
         return KVPool(c.num_hidden_layers, num_pages, block_size, c.num_key_value_heads,
-                      c.head_dim, self.dtype, self.device)
+                      c.head_dim, self.dtype, self.device, zeros=self.backend.zeros)
 
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         """The default-mode step, :func:`forward_default`."""
@@ -256,13 +263,6 @@ class PagedLlama(nn.Module):
         with ``allow_long_context``."""
         return max((s.ctx_len for s in batch.seqs), default=0)
 
-    def fused_ops(self) -> bool:
-        """Whether this step's elementwise ops run as the exact fused CPU ops of
-        :mod:`prefixcache.model.kernels.fused_ops` (a float32 CPU model, the ops built,
-        switched on and bit-identical to torch's here); decided once per step."""
-        return (self.device.type == "cpu" and self.dtype == torch.float32
-                and fused_ops.available())
-
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embeddings ``[T, hidden]`` of int64 ``input_ids [T]``, times ``embed_scale``
         (Gemma) in the model's dtype."""
@@ -270,10 +270,12 @@ class PagedLlama(nn.Module):
         scale = self.config.embed_scale
         return x if scale is None else x * torch.tensor(scale, dtype=self.dtype)
 
-    def logits(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``
         (soft-capped, ``c * tanh(logits / c)``, when the config says so)."""
-        out = self._lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps, fused)).float()
+        b = self.backend
+        out = b.linear(b.rms_norm(x, self.norm, self.config.rms_norm_eps),
+                       self._lm_head).float()
         cap = self.config.final_logit_softcapping
         return out if cap is None else torch.tanh(out / cap) * cap
 
@@ -292,15 +294,12 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
     x = model.embed_tokens(batch.input_ids)
     ropes = {id(r): r.cos_sin(batch.positions, max_ctx - 1, model.dtype)
              for r in (model.rope, model.local_rope)}
-    decode_kernel = decode_in_place(kv, cfg.num_attention_heads)
-    prefill_kernel = prefill_in_place(kv, cfg.num_attention_heads)
-    fused = model.fused_ops()
-    plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size,
-                               in_place=decode_kernel, prefill_in_place=prefill_kernel)
+    plans = {w: model.backend.plan_attention(batch.seqs, w, kv, cfg.num_attention_heads,
+                                             model.device)
              for w in set(cfg.layer_sliding_windows)}
     for i, layer in enumerate(model.decoder_layers):
         cos, sin = ropes[id(model.layer_ropes[i])]
-        q, k, v = layer.qkv_write(x, cos, sin, kv, i, batch.slot_mapping, fused)
-        attn = paged_attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])
-        x = layer.finish(x, attn, fused)
-    return model.logits(x[batch.logits_indices], fused)
+        q, k, v = layer.qkv_write(x, cos, sin, kv, i, batch.slot_mapping)
+        attn = model.backend.attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])
+        x = layer.finish(x, attn)
+    return model.logits(x[batch.logits_indices])
