@@ -188,3 +188,20 @@ def test_engine_hit_longer_than_the_window_is_exact_and_counted(models):
     assert engine.stats()["pages_kept_for_global_layers"] == 0  # nothing running
     assert outs["a"].outputs[0].token_ids == hf_greedy(hf, first, 6)
     assert outs["b"].outputs[0].token_ids == hf_greedy(hf, second, 6)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_every_cpu_backend_matches_transformers(models, tmp_path, kind, backend):
+    """The families on the plain-torch backend (the CUDA path) and the CPU backend without
+    kernels (the module fixture runs the kernel backend the suite forces)."""
+    hf, _ = models[kind]
+    ours = load_model(str(save_hf_model(hf, tmp_path / kind)), compute_backend=backend)
+    ids = prompt(40, seed=11)
+    runner = PagedRunner(ours.model, seed=2)
+    first = Seq()
+    cold = runner.prefill(first, ids, chunk=24, all_logits=True)
+    torch.testing.assert_close(cold, hf_logits(hf, ids), atol=ATOL, rtol=0)
+    warm = runner.fork(first, 32)
+    got = runner.step([(warm, ids[32:])], all_logits=True)[0]
+    torch.testing.assert_close(got, hf_logits(hf, ids)[32:], atol=ATOL, rtol=0)
