@@ -205,3 +205,37 @@ def test_every_cpu_backend_matches_transformers(models, tmp_path, kind, backend)
     warm = runner.fork(first, 32)
     got = runner.step([(warm, ids[32:])], all_logits=True)[0]
     torch.testing.assert_close(got, hf_logits(hf, ids)[32:], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_gguf_written_from_the_random_model_matches_transformers(models, tmp_path,
+                                                                  monkeypatch, kind):
+    """Each family as a GGUF file laid out as llama.cpp writes it (F32), converted and
+    loaded: the same logits as transformers, cold and warm. The Gemma 3 file uses
+    llama.cpp's query scale (head_dim), so its reference model does too."""
+    import transformers
+
+    from helpers.family_gguf import write_family_gguf
+    from helpers.hf_models import KINDS
+
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path / "cache"))
+    hf, _ = models[kind]
+    if kind == "gemma3":
+        config_cls, model_cls, kwargs = KINDS[kind]
+        config = config_cls(**{**kwargs, "query_pre_attn_scalar": 16})
+        config._attn_implementation = "sdpa"
+        hf = model_cls(config).eval()
+        hf.load_state_dict(models[kind][0].state_dict())
+        assert isinstance(hf, transformers.Gemma3ForCausalLM)
+    ours = load_model(str(write_family_gguf(hf, tmp_path / f"{kind}.gguf")))
+    assert ours.config.architecture == ARCHS[kind]
+    assert ours.cache_id.startswith("gguf:")
+    ids = prompt(61, seed=12)
+    ref = hf_logits(hf, ids)
+    runner = PagedRunner(ours.model, seed=9)
+    first = Seq()
+    torch.testing.assert_close(runner.prefill(first, ids, all_logits=True), ref, atol=ATOL,
+                               rtol=0)
+    warm = runner.fork(first, 48)
+    torch.testing.assert_close(runner.step([(warm, ids[48:])], all_logits=True)[0], ref[48:],
+                               atol=ATOL, rtol=0)
