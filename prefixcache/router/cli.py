@@ -4,9 +4,9 @@
         --replica http://127.0.0.1:8002,events=tcp://127.0.0.1:5558 --port 8000 \\
         [--model M] [--api-keys keys.json] [--block-size 16]
 
-``--model``, ``--block-size``, ``--dtype``, ``--api-keys`` and ``$PREFIXCACHE_HASH_SEED``
-must be the replicas' own: the router computes their page hashes (it loads the model's
-tokenizer and chat template, not its weights).
+``--model`` (and ``--revision``), ``--block-size``, ``--dtype``, ``--api-keys`` and
+``$PREFIXCACHE_HASH_SEED`` must be the replicas' own: the router computes their page hashes
+(it loads the model's tokenizer and chat template, not its weights).
 """
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="the replicas' --model (its tokenizer and chat template are loaded)")
+    p.add_argument("--revision", default=None,
+                   help="the replicas' --revision of a hub id --model (its commit is part of "
+                        "the page keys); default: main")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="the replicas' --served-model-name (default: as serve derives it)")
     p.add_argument("--block-size", type=int, default=16, help="the replicas' KV page size, "
@@ -110,7 +113,7 @@ def build_router_app(args: argparse.Namespace):
     auth = Authenticator.from_file(args.api_keys)
     check_port(args.host, args.port)
     dtype = resolve_dtype(args.dtype)
-    tokenizer, cache_id = load_tokenizer(args.model)
+    tokenizer, cache_id = load_tokenizer(args.model, args.revision)
     fingerprint = model_fingerprint(cache_id, dtype, args.block_size)
     settings = RouterSettings(
         model_names=(args.served_model_name or [served_name(args.model)]) + [args.model],

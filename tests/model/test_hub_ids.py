@@ -144,3 +144,19 @@ def test_a_real_gguf_in_a_hub_repo_loads_by_tag(tmp_path, offline_cache):
     assert loaded.cache_id.startswith("gguf:")  # the file's weights, whatever its name
     got = PagedRunner(loaded.model, seed=2).prefill(Seq(), IDS, all_logits=True)
     torch.testing.assert_close(got, hf_logits(hf, IDS), atol=1e-4, rtol=0)
+
+
+def test_router_takes_the_replicas_revision(tmp_path, offline_cache):
+    """The router's page keys fold in the same snapshot commit as the replicas'."""
+    import argparse
+
+    from prefixcache.router.cli import add_parser
+
+    _, files_a = saved(tmp_path, "llama", seed=1)
+    _, files_b = saved(tmp_path, "llama", seed=2)
+    add_snapshot(offline_cache, "acme/tiny-llama", COMMIT_A, files_a)
+    add_snapshot(offline_cache, "acme/tiny-llama", COMMIT_B, files_b, ref=None)
+    sub = argparse.ArgumentParser().add_subparsers()
+    args = add_parser(sub).parse_args(["--model", "acme/tiny-llama", "--revision", COMMIT_B,
+                                       "--replica", "http://127.0.0.1:8001"])
+    assert load_tokenizer(args.model, args.revision)[1] == f"hf:acme/tiny-llama@{COMMIT_B}"
