@@ -239,3 +239,21 @@ def test_gguf_written_from_the_random_model_matches_transformers(models, tmp_pat
     warm = runner.fork(first, 48)
     torch.testing.assert_close(runner.step([(warm, ids[48:])], all_logits=True)[0], ref[48:],
                                atol=ATOL, rtol=0)
+
+
+def test_longrope_rotates_each_position_by_its_own_factors(models):
+    """Below original_max_position_embeddings the short factors, from it on the long ones,
+    per position (so cached KV stays valid as a sequence grows); cos/sin scaled by the
+    attention factor."""
+    from prefixcache.model.rope import RotaryEmbedding
+
+    cfg = models["phi4_mini"][1].config
+    s = cfg.rope_scaling
+    rope = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta, s, "cpu")
+    cos, sin = rope.table(300)
+    exps = torch.arange(0, 12, 2).float() / 12
+    for pos, factors in ((255, s.short_factor), (256, s.long_factor), (299, s.long_factor)):
+        inv = 1.0 / (torch.tensor(factors) * cfg.rope_theta ** exps)
+        angle = torch.cat([pos * inv, pos * inv])
+        torch.testing.assert_close(cos[pos], angle.cos() * s.attention_factor)
+        torch.testing.assert_close(sin[pos], angle.sin() * s.attention_factor)
