@@ -10,9 +10,10 @@ kernels, fused ops and small GEMM is :class:`prefixcache.model.cpu.backend.CpuKe
 
 Linear layers are prepared once: a model asks :meth:`ComputeBackend.prepare_linear` for a
 handle of each weight when it is built (the weight may still be filled in place
-afterwards), :meth:`ComputeBackend.finish_linear` after the weights are loaded (pack,
-quantize), and runs :meth:`ComputeBackend.linear` on the handle. A backend that stores
-weights packed or quantized keeps them in its handle.
+afterwards), :meth:`ComputeBackend.finish_linear` after the weights are loaded (the loader
+calls ``PagedLlama.prepack``: pack, quantize), and runs :meth:`ComputeBackend.linear` on the
+handle. A backend that stores weights packed or quantized keeps them in its handle (a
+quantized-linear backend is one subclass overriding these three methods).
 """
 from __future__ import annotations
 

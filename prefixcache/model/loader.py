@@ -181,6 +181,7 @@ def load_model(model: str, device: torch.device | str = "cpu",
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
         net = builtin.build_tiny_model(device, dtype, backend)
+        net.prepack()
         return LoadedModel(net, net.config, builtin.tiny_tokenizer(), model,
                            builtin.CHAT_TEMPLATE)
     path = _model_path(model, revision)
