@@ -109,7 +109,8 @@ def resolve_hub_id(hub_id: HubId, revision: str | None = None) -> Path:
         snap = Path(snapshot_download(hub_id.repo_id, revision=revision, cache_dir=cache,
                                       allow_patterns=patterns))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
-        raise HubModelError(f"model {where}: download into {cache} failed: {e}") from e
+        raise HubModelError(f"model {where} is no local path and not in the Hugging Face "
+                            f"cache {cache}; downloading it failed: {e}") from e
     found = _pick(snap, hub_id)
     if found is None:
         raise HubModelError(f"model {where}: the repository holds no {_wanted(hub_id)}")
