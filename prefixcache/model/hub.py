@@ -102,7 +102,7 @@ def resolve_hub_id(hub_id: HubId, revision: str | None = None) -> Path:
         if hub_offline():
             raise HubModelError(
                 f"model {where} is not in the Hugging Face cache {cache} and HF_HUB_OFFLINE "
-                "is set; download it while online (huggingface-cli download "
+                "is set; download it while online (hf download "
                 f"{hub_id.repo_id}) or point HF_HUB_CACHE/HF_HOME at a cache holding it"
             ) from None
     try:
