@@ -88,7 +88,11 @@ class EngineConfig:
     Each field's ``metadata`` holds its command-line help and unit.
 
     Attributes:
-        model: a Hugging Face model directory, or ``"builtin:tiny"``.
+        model: a Hugging Face model directory, a hub id (``Qwen/Qwen3-0.6B``; a GGUF in a
+            hub repository as ``org/name:Q4_K_M`` or ``org/name:FILE.gguf``), a ``.gguf``
+            file, a registered name, or ``"builtin:tiny"``.
+        revision: the hub revision (branch, tag or commit) of a hub id ``model``; ``None``
+            is ``main``.
         block_size: tokens per KV page.
         num_pages: KV pool size in pages; ``None`` sizes it from ``kv_cache_bytes``.
         kv_cache_bytes: KV pool memory when ``num_pages`` is ``None`` (bytes).
@@ -156,7 +160,10 @@ class EngineConfig:
 
     model: str = field(default="builtin:tiny", metadata=_opt(
         "a Hugging Face model directory, a .gguf file (or a directory holding one), "
-        "a registered name (smollm2-135m-instruct-q4_1), or builtin:tiny"))
+        "a registered name (smollm2-135m-instruct-q4_1), a Hugging Face hub id "
+        "(Qwen/Qwen3-0.6B, org/name-GGUF:Q4_K_M), or builtin:tiny"))
+    revision: str | None = field(default=None, metadata=_opt(
+        "hub revision (branch, tag or commit) of a hub id --model", default="main"))
     block_size: int = field(default=16, metadata=_opt("KV page size", "tokens"))
     num_pages: int | None = field(default=None, metadata=_opt(
         "KV pool size", "pages", default="from --kv-cache-gib"))

@@ -66,7 +66,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
         self.loaded = loaded or load_model(config.model, device=config.device,
-                                           dtype=config.torch_dtype,
+                                           dtype=config.torch_dtype, revision=config.revision,
                                            compute_backend=config.compute_backend)
         self.model = self.loaded.model
         self.model_config = self.loaded.config
@@ -437,9 +437,13 @@ class LLMEngine:
         """Cache counters and gauges, engine counters, queue lengths."""
         d = self.cache.stats()
         d.update(self.counters)
+        mc, bs = self.model_config, self.config.block_size
         d.update(requests_running=len(self.scheduler.running),
                  requests_waiting=len(self.scheduler.waiting),
-                 num_preemptions=self.scheduler.num_preemptions)
+                 num_preemptions=self.scheduler.num_preemptions,
+                 pages_kept_for_global_layers=sum(
+                     mc.pages_for_global_layers_only(r.num_computed_tokens, bs)
+                     for r in self.scheduler.running.values()))
         if self.tiers is not None:
             d.update(self.tiers.stats())
         if self.shared is not None:

@@ -128,11 +128,14 @@ def forward_deterministic(model: PagedLlama, batch: ForwardBatch, kv: KVPool
     tiles = plan_tiles(batch.seqs, bs)
     tile_slot = [i * bs + r for i, t in enumerate(tiles) for r in range(t.lo, t.hi)]
     x = torch.zeros(len(tiles) * bs, cfg.hidden_size, device=dev, dtype=model.dtype)
-    x[torch.tensor(tile_slot, device=dev)] = F.embedding(batch.input_ids, model.embed)
+    x[torch.tensor(tile_slot, device=dev)] = model.embed_tokens(batch.input_ids)
     x = x.view(len(tiles), bs, cfg.hidden_size)
-    cos, sin = model.rope.table(max(t.page_index + 1 for t in tiles) * bs)
-    rope = [(cos[p:p + bs].to(model.dtype), sin[p:p + bs].to(model.dtype))
-            for p in (t.page_index * bs for t in tiles)]
+    end = max(t.page_index + 1 for t in tiles) * bs
+    ropes = {}  # id(RotaryEmbedding) -> per tile (cos, sin)
+    for r in (model.rope, model.local_rope):
+        cos, sin = r.table(end)
+        ropes[id(r)] = [(cos[p:p + bs].to(model.dtype), sin[p:p + bs].to(model.dtype))
+                        for p in (t.page_index * bs for t in tiles)]
     windows = cfg.layer_sliding_windows
     attn_geometry = {}  # window -> per tile (key_lo, mask)
     for w in set(windows):
@@ -141,6 +144,7 @@ def forward_deterministic(model: PagedLlama, batch: ForwardBatch, kv: KVPool
 
     for i, layer in enumerate(model.decoder_layers):
         queries = []
+        rope = ropes[id(model.layer_ropes[i])]
         for j, t in enumerate(tiles):
             q, k, v = layer.qkv(x[j], *rope[j])
             kv.write(i, batch.slot_mapping[t.row:t.row + t.hi - t.lo], k[t.lo:t.hi], v[t.lo:t.hi])

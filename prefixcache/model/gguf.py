@@ -2,11 +2,17 @@
 tensors under HF names, dequantized to float32, and its tokenizer.
 
 Supported: the ``llama`` architecture (Llama, and Mistral, which llama.cpp writes as
-``llama`` and names in ``general.name``) and ``qwen2``; tensor types in
-:data:`SUPPORTED_TYPES`. llama.cpp's converter permutes the rows of the Llama Q and K
-projections (interleaved RoPE pairs, per head); :func:`unpermute_qk` undoes it. Qwen2 files
-are not permuted. Reading uses the ``gguf`` package (``GGUFReader``,
-``gguf.quants.dequantize``); the tokenizer is built by transformers from the metadata.
+``llama`` and names in ``general.name``), ``qwen2``, ``qwen3``, ``gemma3`` and ``phi3``
+(Phi-3, Phi-4-mini); tensor types in :data:`SUPPORTED_TYPES`. llama.cpp's converter
+permutes the rows of the Llama Q and K projections (interleaved RoPE pairs, per head);
+:func:`unpermute_qk` undoes it; the other families are not permuted. As llama.cpp writes
+them: Gemma 3 norm weights are stored as ``1 + w`` (read back as ``w``), its sliding
+layers are every layer but each sixth (``attention.sliding_window_pattern`` when
+present), its local RoPE base is 10000 and its query scale ``key_length ** -0.5``; Phi-3's
+``attn_qkv`` and ``ffn_up`` hold q/k/v and gate/up fused, and its LongRoPE factors are the
+tensors ``rope_factors_short``/``rope_factors_long``. Reading uses the ``gguf`` package
+(``GGUFReader``, ``gguf.quants.dequantize``); the tokenizer is built by transformers from
+the metadata.
 """
 from __future__ import annotations
 
@@ -18,9 +24,10 @@ import numpy as np
 
 from prefixcache.model.config import MODEL_TYPES
 
-# Our architectures are config.py's model types (Mistral is a "llama" file plus its
-# name); GGUF writes these two.
-GGUF_ARCHITECTURES = ("llama", "qwen2")
+# GGUF architecture -> our model type (config.py's MODEL_TYPES; Mistral is a "llama" file
+# plus its name)
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                      "gemma3": "gemma3_text", "phi3": "phi3"}
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
@@ -31,7 +38,17 @@ _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                 "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
                 "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                "ffn_down": "mlp.down_proj"}
+                "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm",
+                "attn_k_norm": "self_attn.k_norm", "attn_qkv": "self_attn.qkv_proj"}
+# per architecture, where it differs from _LAYER_NAMES
+_ARCH_LAYER_NAMES = {
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm",
+               "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},
+}
+# tensors read into the config, not weights
+_ROPE_FACTOR_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 
 def open_reader(path: str | Path):
@@ -68,10 +85,10 @@ def architecture(reader) -> str:
     arch = field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
-                         "llama, mistral (as llama), qwen2")
+                         "llama, mistral (as llama), qwen2, qwen3, gemma3, phi3")
     if arch == "llama" and "mistral" in str(field(reader, "general.name", "")).lower():
         return "mistral"
-    return arch
+    return GGUF_ARCHITECTURES[arch]
 
 
 def check_supported(reader) -> None:
@@ -148,9 +165,54 @@ def hf_config(reader) -> dict[str, Any]:
         cfg["mlp_bias"] = "blk.0.ffn_up.bias" in names
     if ours == "mistral":
         cfg["sliding_window"] = None
-    if ours == "qwen2":
+    if ours in ("qwen2", "qwen3"):
         cfg["use_sliding_window"] = False
+    if ours == "gemma3_text":
+        _gemma3_config(reader, cfg)
+    if ours == "phi3":
+        _phi3_config(reader, cfg, names)
     return cfg
+
+
+def _gemma3_config(reader, cfg: dict[str, Any]) -> None:
+    """Gemma 3's keys, as llama.cpp reads them (see the module doc)."""
+    layers = cfg["num_hidden_layers"]
+    pattern = field(reader, "gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # per layer: true where the layer slides
+        types = ["sliding_attention" if p else "full_attention" for p in pattern]
+    else:
+        types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention"
+                 for i in range(layers)]
+    cfg.update(hidden_activation="gelu_pytorch_tanh", layer_types=types,
+               sliding_window=field(reader, "gemma3.attention.sliding_window"),
+               query_pre_attn_scalar=cfg["head_dim"],
+               final_logit_softcapping=field(reader, "gemma3.final_logit_softcapping"),
+               rope_local_base_freq=10000.0)
+    del cfg["hidden_act"]
+
+
+def _phi3_config(reader, cfg: dict[str, Any], names: set[str]) -> None:
+    """Phi-3's partial rotary, sliding window and LongRoPE (factors from tensors)."""
+    rot = field(reader, "phi3.rope.dimension_count")
+    if rot is not None:
+        cfg["partial_rotary_factor"] = int(rot) / cfg["head_dim"]
+    cfg["sliding_window"] = field(reader, "phi3.attention.sliding_window")
+    if "rope_factors_long.weight" not in names:
+        return
+    tensors = {t.name: t for t in reader.tensors}
+    original = field(reader, "phi3.rope.scaling.original_context_length")
+    if original is None:
+        raise ValueError("GGUF metadata lacks required key "
+                         "'phi3.rope.scaling.original_context_length'")
+    rope = {"rope_type": "longrope", "rope_theta": cfg["rope_theta"],
+            "original_max_position_embeddings": int(original),
+            "short_factor": dequantize(tensors["rope_factors_short.weight"]).tolist(),
+            "long_factor": dequantize(tensors["rope_factors_long.weight"]).tolist()}
+    attn = field(reader, "phi3.rope.scaling.attn_factor")
+    if attn is not None:
+        rope["attention_factor"] = float(attn)
+    cfg["rope_scaling"] = rope
+    cfg["original_max_position_embeddings"] = int(original)
 
 
 def _eos_ids(reader) -> list[int]:
@@ -160,17 +222,18 @@ def _eos_ids(reader) -> list[int]:
     return sorted(set(ids))
 
 
-def hf_name(name: str) -> str:
-    """The HF name of GGUF tensor ``name``.
+def hf_name(name: str, arch: str = "llama") -> str:
+    """The HF name of GGUF tensor ``name`` in a file of GGUF architecture ``arch``.
 
     Raises:
         ValueError: a tensor name we do not know (named).
     """
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
+    layer_names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
     parts = name.split(".")  # blk.N.attn_q.weight
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
     raise ValueError(f"GGUF tensor {name!r} is not part of a supported model")
 
 
@@ -200,9 +263,14 @@ def hf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray
     Llama and Mistral files. Call :func:`check_supported` first."""
     permuted = config["model_type"] in ("llama", "mistral")
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    arch = field(reader, "general.architecture")
     for t in reader.tensors:
-        name = hf_name(t.name)
+        if t.name in _ROPE_FACTOR_TENSORS:
+            continue  # read into the config's rope_scaling
+        name = hf_name(t.name, arch)
         w = dequantize(t)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's (1 + w)
         kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if permuted and kind in heads:
             w = unpermute_qk(w, heads[kind])

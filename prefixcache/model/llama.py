@@ -1,4 +1,6 @@
-"""``PagedLlama``: the Llama-family decoder (Llama, Mistral, Qwen2) over the paged KV pool.
+"""``PagedLlama``: the Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3/Phi-4-mini,
+Gemma 3 text) over the paged KV pool; the families' differences are switches of
+:class:`~prefixcache.model.config.ModelConfig`.
 
 Per layer: RMSNorm -> fused q/k/v projection -> RoPE -> write the step's new K/V into the
 pool at ``slot_mapping`` -> attention of each sequence against its context KV gathered
@@ -22,6 +24,14 @@ CUDA path: each sequence's context KV is gathered from its pages once per layer)
 CPU backend (:mod:`prefixcache.model.cpu.backend`: KV read in place by the paged kernels,
 exact fused ops, small GEMM, prepacked linears, huge pages). Sliding windows are applied
 by masking: all KV is kept, so outputs stay exact with prefix caching.
+
+Per family: Qwen3 and Gemma 3 norm each q and k head before RoPE; Gemma 3 norms the
+attention and MLP outputs before their residual adds, scales the embeddings, uses
+``gelu_pytorch_tanh`` and its own query scale, and rotates its sliding-window layers with a
+second RoPE base; Phi-4-mini rotates only the first ``rotary_dim`` dimensions of a head.
+These layers' q/k go through plain torch ops (RMSNorm and RoPE of
+:class:`~prefixcache.model.backend.TorchBackend`, then the pool write), not the backend's
+fused RoPE write.
 """
 from __future__ import annotations
 
@@ -32,10 +42,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from prefixcache.model.backend import Allocator, ComputeBackend, TorchBackend
-from prefixcache.model.config import ModelConfig
+from prefixcache.model.config import ModelConfig, RopeScaling
 from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kv_pool import KVPool
-from prefixcache.model.rope import RotaryEmbedding
+from prefixcache.model.rope import RotaryEmbedding, apply_rope
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -78,6 +88,10 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = p(2 * i) if cfg.mlp_bias else None
         self.down_weight = p(h, i)
         self.down_bias = p(h) if cfg.mlp_bias else None
+        self.q_norm = p(d) if cfg.qk_norm else None
+        self.k_norm = p(d) if cfg.qk_norm else None
+        self.attn_out_norm = p(h) if cfg.sandwich_norms else None
+        self.mlp_out_norm = p(h) if cfg.sandwich_norms else None
         self.backend = backend
         self.qkv_proj = backend.prepare_linear(self.qkv_weight, self.qkv_bias)
         self.o_proj = backend.prepare_linear(self.o_weight, self.o_bias)
@@ -87,6 +101,13 @@ class DecoderLayer(nn.Module):
         self.kv_size = cfg.num_key_value_heads * d
         self.head_dim = d
         self.eps = cfg.rms_norm_eps
+        self.rotary_dim = cfg.rotary_dim
+        self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
+        # q is scaled so that the attention's default head_dim ** -0.5 gives query_scale
+        self.q_scale = (None if cfg.query_scale is None
+                        or cfg.query_scale == d ** -0.5 else cfg.query_scale * d ** 0.5)
+        # the backend's RoPE (and fused RoPE write) handles a plain full-rotary q/k only
+        self.plain_qk = not cfg.qk_norm and self.rotary_dim == d and self.q_scale is None
 
     def linears(self) -> list[object]:
         """The layer's linear handles: q/k/v, output, gate/up, down."""
@@ -98,7 +119,31 @@ class DecoderLayer(nn.Module):
         for residual stream ``x [N, hidden]`` and RoPE ``cos``/``sin [N, d]``."""
         b = self.backend
         qkv = b.linear(b.rms_norm(x, self.input_norm, self.eps), self.qkv_proj)
-        return b.rope(qkv, cos, sin, self.q_size // self.head_dim, self.head_dim)
+        if self.plain_qk:
+            return b.rope(qkv, cos, sin, self.q_size // self.head_dim, self.head_dim)
+        return self._family_qk(qkv, cos, sin)
+
+    def _family_qk(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of ``qkv`` for the families' variants: q/k RMSNorm per head, partial
+        rotary (``cos``/``sin [N, rotary_dim]``), the query scale."""
+        d = self.head_dim
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = qk.unflatten(-1, (-1, d))
+        heads = self.q_size // d
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = qk.split([heads, self.kv_size // d], dim=1)
+            qk = torch.cat([rms_norm(q, self.q_norm, self.eps),
+                            rms_norm(k, self.k_norm, self.eps)], dim=1)
+        rd = self.rotary_dim
+        if rd == d:
+            qk = apply_rope(qk, cos, sin)  # q and k together
+        else:  # partial rotary: the last head_dim - rotary_dim dimensions pass through
+            qk = torch.cat([apply_rope(qk[..., :rd], cos, sin), qk[..., rd:]], dim=-1)
+        q, k = qk.split([heads, self.kv_size // d], dim=1)
+        if self.q_scale is not None:
+            q = q * self.q_scale
+        return q, k, v.unflatten(-1, (-1, d))
 
     def qkv_write(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVPool,
                   layer: int, slot_mapping: torch.Tensor
@@ -107,16 +152,33 @@ class DecoderLayer(nn.Module):
         ``slot_mapping [N]``."""
         b = self.backend
         qkv = b.linear(b.rms_norm(x, self.input_norm, self.eps), self.qkv_proj)
-        return b.rope_write(qkv, cos, sin, self.q_size // self.head_dim, self.head_dim, kv,
-                            layer, slot_mapping)
+        if self.plain_qk:
+            return b.rope_write(qkv, cos, sin, self.q_size // self.head_dim, self.head_dim,
+                                kv, layer, slot_mapping)
+        q, k, v = self._family_qk(qkv, cos, sin)
+        kv.write(layer, slot_mapping, k, v)
+        return q, k, v
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
-        ``attn [N, heads * d]``, then plus the SwiGLU MLP."""
+        ``attn [N, heads * d]``, then plus the gated MLP. With sandwich norms (Gemma 3)
+        each branch's output is normed before it is added."""
         b = self.backend
+        if self.attn_out_norm is not None and self.mlp_out_norm is not None:
+            x = x + b.rms_norm(b.linear(attn, self.o_proj), self.attn_out_norm, self.eps)
+            gate_up = b.linear(b.rms_norm(x, self.post_norm, self.eps), self.gate_up_proj)
+            h = b.linear(self._act(gate_up), self.down_proj)
+            return x + b.rms_norm(h, self.mlp_out_norm, self.eps)
         x = b.linear(attn, self.o_proj, residual=x)
         gate_up = b.linear(b.rms_norm(x, self.post_norm, self.eps), self.gate_up_proj)
-        return b.linear(b.silu_mul(gate_up), self.down_proj, residual=x)
+        return b.linear(self._act(gate_up), self.down_proj, residual=x)
+
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``act(gate) * up`` ``[N, intermediate]`` for ``gate_up [N, 2 * intermediate]``."""
+        if self.gelu:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return F.gelu(gate, approximate="tanh").mul_(up)
+        return self.backend.silu_mul(gate_up)
 
 
 class PagedLlama(nn.Module):
@@ -150,8 +212,13 @@ class PagedLlama(nn.Module):
         self.norm = p(config.hidden_size)
         self.lm_head = self.embed if config.tie_word_embeddings else p(
             config.vocab_size, config.hidden_size)
-        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
+        self.rope = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling,
                                     self.device)
+        # Gemma 3: the sliding-window layers rotate with their own, unscaled base
+        self.local_rope = self.rope if config.local_rope_theta is None else RotaryEmbedding(
+            config.rotary_dim, config.local_rope_theta, RopeScaling(), self.device)
+        self.layer_ropes = [self.local_rope if w is not None else self.rope
+                            for w in config.layer_sliding_windows]
         self._lm_head = backend.prepare_linear(self.lm_head)
 
     @property
@@ -196,11 +263,21 @@ class PagedLlama(nn.Module):
         with ``allow_long_context``."""
         return max((s.ctx_len for s in batch.seqs), default=0)
 
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings ``[T, hidden]`` of int64 ``input_ids [T]``, times ``embed_scale``
+        (Gemma) in the model's dtype."""
+        x = F.embedding(input_ids, self.embed)
+        scale = self.config.embed_scale
+        return x if scale is None else x * torch.tensor(scale, dtype=self.dtype)
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``."""
+        """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``
+        (soft-capped, ``c * tanh(logits / c)``, when the config says so)."""
         b = self.backend
-        return b.linear(b.rms_norm(x, self.norm, self.config.rms_norm_eps),
-                        self._lm_head).float()
+        out = b.linear(b.rms_norm(x, self.norm, self.config.rms_norm_eps),
+                       self._lm_head).float()
+        cap = self.config.final_logit_softcapping
+        return out if cap is None else torch.tanh(out / cap) * cap
 
 
 @torch.inference_mode()
@@ -214,12 +291,14 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
     cfg = model.config
     if not batch.seqs:
         return torch.empty(0, cfg.vocab_size, device=model.device)
-    x = F.embedding(batch.input_ids, model.embed)
-    cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
+    x = model.embed_tokens(batch.input_ids)
+    ropes = {id(r): r.cos_sin(batch.positions, max_ctx - 1, model.dtype)
+             for r in (model.rope, model.local_rope)}
     plans = {w: model.backend.plan_attention(batch.seqs, w, kv, cfg.num_attention_heads,
                                              model.device)
              for w in set(cfg.layer_sliding_windows)}
     for i, layer in enumerate(model.decoder_layers):
+        cos, sin = ropes[id(model.layer_ropes[i])]
         q, k, v = layer.qkv_write(x, cos, sin, kv, i, batch.slot_mapping)
         attn = model.backend.attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])
         x = layer.finish(x, attn)

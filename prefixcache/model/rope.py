@@ -1,7 +1,15 @@
 """Rotary position embedding (RoPE), "rotate half" convention as in Hugging Face Llama.
 
-Dimension ``i < head_dim / 2`` of a head is paired with dimension ``i + head_dim / 2`` and
-rotated by the angle ``position * inv_freq[i]``.
+Dimension ``i < dim / 2`` of a head is paired with dimension ``i + dim / 2`` and rotated by
+the angle ``position * inv_freq[i]``; ``dim`` is the head's rotated part (``rotary_dim``:
+the whole head, or its leading dimensions under partial rotary).
+
+LongRoPE (Phi-3, Phi-4-mini): positions below ``original_max_position_embeddings`` rotate
+with the short factors, later ones with the long factors, and cos and sin are multiplied
+by ``attention_factor``. The choice is per position, so a position's rotation never
+depends on the sequence's length and cached KV stays valid as a sequence grows.
+transformers instead recomputes the whole sequence with the long factors once it is longer
+than the original length: the two agree below that length.
 """
 from __future__ import annotations
 
@@ -23,6 +31,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
     linearly in between.
     """
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if scaling.rope_type == "longrope":  # the short factors; see long_inverse_frequencies
+        return 1.0 / (torch.tensor(scaling.short_factor, dtype=torch.float32)
+                      * theta ** exponents)
     inv_freq = 1.0 / (theta ** exponents)
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor
@@ -40,6 +51,14 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
     return torch.where(in_between, blended, scaled)
 
 
+def long_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling
+                             ) -> torch.Tensor:
+    """LongRoPE's frequencies from ``original_max_position_embeddings`` on (the long
+    factors), float32 ``[head_dim // 2]`` (CPU)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (torch.tensor(scaling.long_factor, dtype=torch.float32) * theta ** exponents)
+
+
 class RotaryEmbedding:
     """cos/sin tables on the model device, grown on demand and indexed by position.
 
@@ -53,6 +72,14 @@ class RotaryEmbedding:
                  device: torch.device | str):
         self.device = torch.device(device)
         self.inv_freq = inverse_frequencies(head_dim, theta, scaling).to(self.device)
+        self.long_inv_freq: torch.Tensor | None = None
+        self.long_from: int | None = None
+        self.attention_factor = 1.0
+        if scaling.rope_type == "longrope":
+            self.long_inv_freq = long_inverse_frequencies(head_dim, theta, scaling).to(
+                self.device)
+            self.long_from = scaling.original_max_position_embeddings
+            self.attention_factor = scaling.attention_factor
         self._cos = torch.empty(0, head_dim, device=self.device)
         self._sin = torch.empty(0, head_dim, device=self.device)
 
@@ -63,9 +90,16 @@ class RotaryEmbedding:
         for start in range(self._cos.shape[0], length, _BLOCK):
             pos = torch.arange(start, start + _BLOCK, device=self.device).float()
             angles = torch.outer(pos, self.inv_freq)
+            if self.long_inv_freq is not None and self.long_from is not None:
+                long = (pos >= self.long_from).unsqueeze(1)
+                angles = torch.where(long, torch.outer(pos, self.long_inv_freq), angles)
             angles = torch.cat([angles, angles], dim=-1)  # float32 [_BLOCK, head_dim]
-            cos.append(angles.cos())
-            sin.append(angles.sin())
+            if self.attention_factor != 1.0:
+                cos.append(angles.cos() * self.attention_factor)
+                sin.append(angles.sin() * self.attention_factor)
+            else:
+                cos.append(angles.cos())
+                sin.append(angles.sin())
         self._cos, self._sin = torch.cat(cos), torch.cat(sin)
 
     def table(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:

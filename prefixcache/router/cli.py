@@ -9,10 +9,11 @@ template, not its weights) and accepts their model names. It learns all of that 
 replicas' ``GET /v1/cache/info`` (:mod:`.replica_info`): their served names, ``--model``,
 block size, KV dtype and model fingerprint, and their hash seed (read with an admin key of
 ``--api-keys``; without one, ``--hash-root-seed`` or ``$PREFIXCACHE_HASH_SEED`` must give
-it, checked against the seed's digest). ``--model``, ``--served-model-name``,
-``--block-size``, ``--dtype`` and the seed are optional; given, they must agree with the
-replicas, and replicas must agree with each other, or the router refuses to start naming
-the field. ``--api-keys`` must be the replicas' key file (it authenticates the clients).
+it, checked against the seed's digest). ``--model`` (with ``--revision`` for a hub id),
+``--served-model-name``, ``--block-size``, ``--dtype`` and the seed are optional; given,
+they must agree with the replicas, and replicas must agree with each other, or the router
+refuses to start naming the field. ``--api-keys`` must be the replicas' key file (it
+authenticates the clients).
 """
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="the replicas' --model, whose tokenizer and chat template are "
                         "loaded (default: the one they report; give it when their path "
                         "differs here; its fingerprint must be theirs)")
+    p.add_argument("--revision", default=None,
+                   help="the replicas' --revision of a hub id --model (its commit is part of "
+                        "the page keys); default: main")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="the replicas' --served-model-name (default: as they report; "
                         "given, it must agree)")
@@ -131,7 +135,7 @@ def build_router_app(args: argparse.Namespace):
     infos = fetch_all([spec.url for spec in specs], key, args.startup_timeout_s)
     info = agreed({specs[i].url: infos[i] for i in sorted(infos)})
     check_flags(args, info)
-    tokenizer = load_replica_tokenizer(args.model, info)
+    tokenizer = load_replica_tokenizer(args.model, info, args.revision)
     settings = RouterSettings(
         model_names=list(info.served_model_names), model_root=info.model,
         tokenizer=tokenizer,
@@ -160,7 +164,8 @@ def check_flags(args: argparse.Namespace, info: ReplicaInfo) -> None:
                              f"{theirs!r} (GET /v1/cache/info); leave the flag out or fix it")
 
 
-def load_replica_tokenizer(model: str | None, info: ReplicaInfo):
+def load_replica_tokenizer(model: str | None, info: ReplicaInfo,
+                           revision: str | None = None):
     """The tokenizer of ``model`` (default: the replicas' ``model``), checked to be the
     replicas' model: same fingerprint under their dtype and block size.
 
@@ -173,7 +178,7 @@ def load_replica_tokenizer(model: str | None, info: ReplicaInfo):
 
     name = model or info.model
     try:
-        tokenizer, cache_id = load_tokenizer(name)
+        tokenizer, cache_id = load_tokenizer(name, revision)
     except (OSError, ValueError) as exc:
         hint = "" if model else "; give --model with the same model as found here"
         raise ValueError(f"model: the router cannot load {name!r} ({exc}){hint}") from None

@@ -124,6 +124,9 @@ ENGINE_GAUGES = (
      "pages_cached"),
     ("kv_pages_live", "Pages held by running requests.", "pages_live"),
     ("requests_running", "Requests admitted and running in the engine.", "requests_running"),
+    ("kv_pages_global_layers_only", "Pages of running requests that no sliding-window layer "
+     "reads any more, kept for the global layers (models that interleave both), pages.",
+     "pages_kept_for_global_layers"),
     ("requests_waiting", "Requests waiting for admission.", "requests_waiting"),
     ("kv_pins", "Live TTL pins (cache_ttl / pin_prefix).", "pins"),
     ("kv_pages_pinned", "Pages held by pins (evicted last).", "pages_pinned"),

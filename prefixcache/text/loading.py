@@ -32,6 +32,8 @@ from prefixcache.text.tokenizer import Tokenizer
 from prefixcache.text.tokenizer_files import generation_eos_ids
 
 BUILTIN_SPECS = ("approx", "bytes")
+# end-of-turn markers of the supported families' chat templates
+END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|end|>", "<|eot_id|>")
 SHARED_ALIASES = ("qwen2", "gpt2")
 
 
@@ -51,14 +53,34 @@ def tokenizer_for_model(path: str | Path, bos_token_id: int | None = None,
     """
     path = Path(path)
     eos = set(eos_token_ids) | generation_eos_ids(path)
+    tok: Tokenizer
     if (path / "tokenizer_config.json").is_file():
-        tok: Tokenizer = HFTokenizer(path, eos)
+        tok = HFTokenizer(path, eos)
         if tok.bos_token_id is None:
             tok.bos_token_id = bos_token_id
-        return tok
-    if (path / "tokenizer.json").is_file():
-        return JSONTokenizer(path, bos_token_id, eos)
-    return None
+    elif (path / "tokenizer.json").is_file():
+        tok = JSONTokenizer(path, bos_token_id, eos)
+    else:
+        return None
+    tok.eos_token_ids |= end_of_turn_ids(tok)
+    return tok
+
+
+def end_of_turn_ids(tok: Tokenizer) -> set[int]:
+    """Ids of the end-of-turn markers (:data:`END_OF_TURN_TOKENS`: ChatML/Qwen
+    ``<|im_end|>``, Gemma ``<end_of_turn>``, Phi ``<|end|>``, Llama 3 ``<|eot_id|>``) that
+    the tokenizer's chat template writes and its vocabulary holds as one token:
+    a chat reply ends there, so generation stops on them, whether or not
+    ``generation_config.json`` lists them."""
+    template = tok.chat_template or ""
+    out = set()
+    for marker in END_OF_TURN_TOKENS:
+        if marker not in template:
+            continue
+        ids = tok.encode(marker, add_special_tokens=False)
+        if len(ids) == 1 and tok.decode_token(ids[0]) == marker:
+            out.add(ids[0])
+    return out
 
 
 def resolve_tokenizer_path(spec: str) -> Path | None:

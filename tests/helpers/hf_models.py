@@ -37,7 +37,41 @@ KINDS = {
     # an 8-token attention window, far below max_position_embeddings
     "mistral_window": (transformers.MistralConfig, transformers.MistralForCausalLM,
                        dict(BASE, tie_word_embeddings=False, sliding_window=8)),
+    # q/k RMSNorm per head; explicit head_dim (Qwen3's default is 128)
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+              dict(BASE, tie_word_embeddings=True, head_dim=16)),
+    # 3 layers: two 8-token sliding layers (local RoPE base) and a global one (its own base,
+    # linear scaling); query_pre_attn_scalar != head_dim; final logit soft-capping
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
+               dict(BASE, num_hidden_layers=3, head_dim=16, tie_word_embeddings=True,
+                    sliding_window=8, query_pre_attn_scalar=24, final_logit_softcapping=5.0,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                    rope_parameters={
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                           "rope_theta": 1000000.0}})),
+    # fused qkv_proj / gate_up_proj, LongRoPE (prompts stay below its original length)
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,
+             dict(BASE, tie_word_embeddings=False, pad_token_id=None, bos_token_id=1,
+                  eos_token_id=2, max_position_embeddings=1024,
+                  original_max_position_embeddings=256,
+                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                   "original_max_position_embeddings": 256,
+                                   "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 4.0],
+                                   "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]})),
+    # Phi-4-mini: partial rotary (12 of 16 dimensions) under LongRoPE, tied embeddings
+    "phi4_mini": (transformers.Phi3Config, transformers.Phi3ForCausalLM,
+                  dict(BASE, tie_word_embeddings=True, pad_token_id=None, bos_token_id=1,
+                       eos_token_id=2, max_position_embeddings=1024,
+                       original_max_position_embeddings=256,
+                       rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                        "partial_rotary_factor": 0.75,
+                                        "original_max_position_embeddings": 256,
+                                        "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0],
+                                        "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]})),
 }
+# kinds whose norm weights are randomised too (Gemma's start at 0, others at 1)
+NOISY_NORMS = ("qwen3", "gemma3", "phi3", "phi4_mini")
 
 
 def make_hf_model(kind: str, seed: int = 0) -> transformers.PreTrainedModel:
@@ -52,6 +86,11 @@ def make_hf_model(kind: str, seed: int = 0) -> transformers.PreTrainedModel:
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
                     p.normal_(0.0, 0.1)
+    if kind in NOISY_NORMS:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.add_(torch.randn_like(p) * 0.2)
     return model
 
 

@@ -112,7 +112,8 @@ def test_sharded_checkpoint_loads_identically(models, tmp_path):
 
 
 @pytest.mark.parametrize("kind,dtype", [("llama", "bfloat16"), ("qwen2", "bfloat16"),
-                                        ("llama3_tied", "float16")])
+                                        ("llama3_tied", "float16"), ("qwen3", "bfloat16"),
+                                        ("gemma3", "bfloat16"), ("phi4_mini", "bfloat16")])
 def test_half_precision_follows_float32(models, tmp_path, kind, dtype):
     hf, ours32 = models[kind]
     path = save_hf_model(hf, tmp_path / kind)
