@@ -184,15 +184,17 @@ class ResponseLog:
         r = self._d.get(tenant, response_id)
         return r if isinstance(r, PromptRecord) else None
 
-    def best(self, tenant: Hashable, token_ids: Sequence[int]
-             ) -> tuple[str, PromptRecord] | None:
-        """The tenant's response sharing the longest prefix with ``token_ids`` (most recent
-        on ties); ``None`` if the tenant has none or none shares a token."""
-        best: tuple[int, str, PromptRecord] | None = None
+    def best(self, tenant: Hashable, token_ids: Sequence[int], min_common: int = 1,
+             cache_salt: str | None = None) -> tuple[str, PromptRecord] | None:
+        """The tenant's response sharing the longest prefix with ``token_ids`` (on ties:
+        one under ``cache_salt``, then the most recent); ``None`` if none shares at least
+        ``min_common`` tokens (a page: prompts that share only a BOS token or a template's
+        first tokens are not related)."""
+        best: tuple[tuple[int, bool], str, PromptRecord] | None = None
         for rid, rec in self._d.values(tenant):
-            n = first_divergence(rec.token_ids, token_ids)
-            if n and (best is None or n >= best[0]):
-                best = (n, rid, rec)
+            rank = (first_divergence(rec.token_ids, token_ids), rec.cache_salt == cache_salt)
+            if rank[0] >= min_common and (best is None or rank >= best[0]):
+                best = (rank, rid, rec)
         return None if best is None else (best[1], best[2])
 
     def __len__(self) -> int:

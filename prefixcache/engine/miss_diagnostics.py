@@ -94,7 +94,7 @@ class MissDiagnostics:
             found = earlier is not None
             earlier_id = ask.compare_to if found else None
         else:
-            best = self.responses.best(req.tenant, prompt)
+            best = self.responses.best(req.tenant, prompt, bs, req.cache_salt)
             if best is not None:
                 earlier_id, earlier = best
         common = 0 if earlier is None else first_divergence(earlier.token_ids, prompt)
@@ -121,13 +121,13 @@ class MissDiagnostics:
         if tok is None:
             return out
         w = EXCERPT_TOKENS
-        char = len(tok.decode(prompt[:at], skip_special_tokens=False))
-        sections = find_sections(tok.decode(prompt, skip_special_tokens=False), ask.anchors)
+        char = len(tok.decode(prompt[:at], skip_special_tokens=True))
+        sections = find_sections(tok.decode(prompt, skip_special_tokens=True), ask.anchors)
         out.update(char=char, section=locate(sections, char),
-                   before=tok.decode(prompt[max(0, at - w):at], skip_special_tokens=False),
-                   after=tok.decode(prompt[at:at + w], skip_special_tokens=False),
+                   before=tok.decode(prompt[max(0, at - w):at], skip_special_tokens=True),
+                   after=tok.decode(prompt[at:at + w], skip_special_tokens=True),
                    earlier_after=tok.decode(list(earlier.token_ids[at:at + w]),
-                                            skip_special_tokens=False))
+                                            skip_special_tokens=True))
         return out
 
     def remember(self, req: Request) -> None:

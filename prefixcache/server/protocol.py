@@ -84,6 +84,7 @@ class _SamplingFields(_Body):
     cache_salt: str | None = None
     cache_ttl: float | str | None = None
     cache_control: dict[str, Any] | None = None
+    prompt_cache_diagnostics: bool | dict[str, Any] | None = None  # server/diagnostics.py
 
 
 class CompletionRequest(_SamplingFields):

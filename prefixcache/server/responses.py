@@ -54,6 +54,7 @@ class Prepared:
     cache_salt: str | None
     arrival: float
     pin_ttl_s: float | None = None             # the ``cache_ttl`` extension, seconds
+    diagnostics: Any = None                    # a DiagnosticsRequest, when asked
 
 
 class ResponseRenderer:
@@ -93,6 +94,9 @@ class ResponseRenderer:
                 "usage": _usage(finals.values())}
         if prep.pin_ttl_s is not None:  # extension: the pin of each prompt, by index
             body["pins"] = [finals[i].extra.get("pin") for i in sorted(finals)]
+        if prep.diagnostics is not None:  # server/diagnostics.py
+            diags = [finals[i].extra.get("cache_diagnostics") for i in sorted(finals)]
+            body["prompt_cache_diagnostics"] = diags[0] if len(diags) == 1 else diags
         return body
 
     async def stream(self, prep: Prepared, updates: AsyncIterator[dict[int, RequestOutput]]

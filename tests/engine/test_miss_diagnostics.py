@@ -137,7 +137,7 @@ def test_chat_names_the_section_of_a_divergence():
     llm = make(num_pages=40)
     sys_msg = {"role": "system", "content": "You are a careful assistant. " * 6}
     conv = [sys_msg, {"role": "user", "content": "Tell me about prefix caching, please."}]
-    llm.chat(conv, GREEDY, **ON)
+    rid = llm.chat(conv, GREEDY, **ON)[0].request_id
     edited = [sys_msg, {"role": "user", "content": "Tell me about suffix caching, please."}]
     d = llm.chat(edited, GREEDY, **ON)[0].extra["cache_diagnostics"]
     assert d["reason"] == "prefix_changed"
@@ -145,7 +145,8 @@ def test_chat_names_the_section_of_a_divergence():
     assert d["divergence"]["after"].startswith("suffix")
     assert d["divergence"]["earlier_after"].startswith("prefix")
     new_sys = [{"role": "system", "content": "You are a hasty assistant. " * 6}, conv[1]]
-    d = llm.chat(new_sys, GREEDY, **ON)[0].extra["cache_diagnostics"]
+    d = llm.chat(new_sys, GREEDY, cache_diagnostics={"compare_to": rid}
+                 )[0].extra["cache_diagnostics"]
     assert (d["reason"], d["divergence"]["section"]) == ("prefix_changed", "system")
 
 
