@@ -4,11 +4,14 @@ of a divergence is named, another tenant's response id is answered exactly like 
 unknown one, and a request that does not ask gets no diagnosis and costs no work."""
 from __future__ import annotations
 
+import json
+import time
+
 import httpx
 import openai
 import pytest
 
-from tests.server.live import BLOCK, expected_hit, labelled, unique_prompt
+from tests.server.live import BLOCK, KEYS, LiveServer, expected_hit, labelled, unique_prompt
 
 ON = {"prompt_cache_diagnostics": True, "ignore_eos": True}
 BETA = {"anthropic-beta": "cache-diagnosis-2026-04-07"}
@@ -149,3 +152,63 @@ def test_metrics_count_reasons_of_requests_that_asked(server):
     assert labelled(after, "cache_miss_reason_total", reason="never_seen") == labelled(
         before, "cache_miss_reason_total", reason="never_seen") + 1
     assert after["cache_diagnostics_requests_total"] >= 1
+
+
+# -- a small pool, where evictions, quotas and pin expiry are cheap to construct -----------
+SMALL_PAGES = 18  # a 16-page prompt cannot fit beside a pinned 4-page one
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """18 pages, ``--max-model-len 256``, the key file (bob: a quota of half the pool)."""
+    keys = tmp_path_factory.mktemp("diag-keys") / "keys.json"
+    keys.write_text(json.dumps(KEYS))
+    srv = LiveServer(["--served-model-name", "tiny", "--num-pages", str(SMALL_PAGES),
+                      "--max-model-len", "256", "--api-keys", str(keys)],
+                     tmp_path_factory.mktemp("diag") / "server.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _ids(k: int, n: int) -> list[int]:
+    return [(1000 * k + 7 * t) % 260 + 3 for t in range(n)]
+
+
+def _raw(srv, key: str, ids: list[int], **extra) -> dict:
+    r = httpx.post(srv.v1 + "/completions", headers={"authorization": f"Bearer {key}"},
+                   json={"model": "tiny", "prompt": ids, "max_tokens": 2, "ignore_eos": True,
+                         **extra}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_evicted_expired_and_admission_on_a_small_pool(small):
+    doc = _ids(1, 4 * BLOCK + 1)
+    _raw(small, "sk-alice", doc, prompt_cache_diagnostics=True)
+    for k in (2, 3):  # 16-page prompts: the document's pages go
+        _raw(small, "sk-alice", _ids(k, 16 * BLOCK - 2))
+    d = _raw(small, "sk-alice", doc, prompt_cache_diagnostics=True)["prompt_cache_diagnostics"]
+    assert (d["reason"], d["detail"], d["cached_tokens"], d["reusable_tokens"]) == (
+        "evicted", "pool", 0, 4 * BLOCK)
+
+    pinned = _raw(small, "sk-alice", _ids(4, 4 * BLOCK + 1), cache_ttl=1,
+                  prompt_cache_diagnostics=True)
+    expires_at = pinned["pins"][0]["expires_at"]
+    deadline = time.time() + 30
+    while time.time() <= expires_at + 0.05 and time.time() < deadline:
+        time.sleep(0.05)  # wait for the pin's expiry time to pass
+    _raw(small, "sk-alice", _ids(5, 16 * BLOCK - 2))  # needs the pinned pages: they lapse
+    d = _raw(small, "sk-alice", _ids(4, 4 * BLOCK + 1),
+             prompt_cache_diagnostics=True)["prompt_cache_diagnostics"]
+    assert (d["reason"], d["detail"], d["cached_tokens"]) == ("expired", "pin", 0)
+
+    bob_doc = _ids(6, 4 * BLOCK + 1)
+    _raw(small, "sk-bob", bob_doc, prompt_cache_diagnostics=True)
+    _raw(small, "sk-bob", _ids(7, 8 * BLOCK - 1))  # bob at his quota recycles his own pages
+    d = _raw(small, "sk-bob", bob_doc, prompt_cache_diagnostics=True)["prompt_cache_diagnostics"]
+    # the tail goes first: its first page is still cached, the second was recycled
+    assert (d["reason"], d["detail"], d["cached_tokens"]) == (
+        "admission", "tenant_quota", BLOCK)
