@@ -22,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 # The reason codes, in the order :func:`decide` tries them.
 REASONS = ("none", "prompt_logprobs", "shorter_than_one_page", "model_changed",
            "other_namespace", "prefix_changed", "evicted", "expired", "admission",
@@ -32,14 +34,12 @@ DROP_CAUSES = {"pool": ("evicted", "pool"), "reset": ("evicted", "reset"),
                "ttl": ("expired", "ttl")}
 
 
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
-    """The first position where ``a`` and ``b`` differ; ``min(len)`` when one is a prefix
-    of the other."""
+def first_divergence(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    """The first position where token ids ``a`` and ``b`` differ (their longest common
+    prefix); ``min(len)`` when one is a prefix of the other."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    neq = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(neq[0]) if len(neq) else n
 
 
 def reusable_tokens(common: int, num_prompt_tokens: int, block_size: int) -> int:
