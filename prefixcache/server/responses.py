@@ -115,8 +115,15 @@ class ResponseRenderer:
                         latest_out[idx] = latest[idx]
                         for chunk in self._chunks(prep, head, idx, latest[idx], sent):
                             yield _sse(chunk)
+            last: dict[str, Any] = {}
             if prep.include_usage:
-                yield _sse({**head, "choices": [], "usage": _usage(latest_out.values())})
+                last["usage"] = _usage(latest_out.values())
+            if prep.diagnostics is not None:  # server/diagnostics.py
+                diags = [latest_out[i].extra.get("cache_diagnostics")
+                         for i in sorted(latest_out)]
+                last["prompt_cache_diagnostics"] = diags[0] if len(diags) == 1 else diags
+            if last:
+                yield _sse({**head, "choices": [], **last})
         except EngineFailure as exc:
             yield _error_event(str(exc), "engine_error")
         except ShuttingDown as exc:

@@ -83,6 +83,13 @@ def test_chat_names_the_message_and_the_header_asks(server):
     assert r.model_extra["prompt_cache_diagnostics"]["reason"] == "none"
     r = c.chat.completions.create(model="tiny", messages=conv, max_tokens=2)
     assert "prompt_cache_diagnostics" not in (r.model_extra or {})
+    # a stream carries it in its last chunk (choices empty), with the usage when asked
+    chunks = list(c.chat.completions.create(model="tiny", messages=conv, max_tokens=2,
+                                            stream=True, extra_body=ON))
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is None
+    assert last.model_extra["prompt_cache_diagnostics"]["reason"] == "none"
+    assert all("prompt_cache_diagnostics" not in (ch.model_extra or {}) for ch in chunks[:-1])
 
 
 def test_messages_use_anthropic_types(server):
