@@ -157,3 +157,20 @@ def test_bad_values_name_the_parameter():
             llm.generate(p(ids(0, 20)), GREEDY, cache_diagnostics=bad)
         assert e.value.param.startswith("cache_diagnostics")
     assert llm.stats()["pages_live"] == 0 and not llm.engine.requests
+
+
+def test_a_changed_tool_description_is_in_the_tools_section():
+    llm = LLM("builtin:tiny", num_pages=64, block_size=BS, max_model_len=512)
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {},
+                                             "description": "Weather for a city, today."}}
+    edited = {"type": "function", "function": {**tool["function"],
+                                               "description": "Forecast for a city, today."}}
+    conv = [{"role": "system", "content": "You are a careful assistant. " * 4},
+            {"role": "user", "content": "What is the weather in Paris?"}]
+    rid = llm.chat(conv, GREEDY, tools=[tool], **ON)[0].request_id
+    d = llm.chat(conv, GREEDY, tools=[edited], cache_diagnostics={"compare_to": rid}
+                 )[0].extra["cache_diagnostics"]
+    assert (d["reason"], d["divergence"]["section"]) == ("prefix_changed", "tools")
+    assert d["cached_tokens"] == d["reusable_tokens"] == d["divergence"]["token"] // BS * BS
+    assert (d["divergence"]["after"], d["divergence"]["earlier_after"]) == (
+        "Forecast", "Weather ")

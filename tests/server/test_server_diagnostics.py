@@ -153,7 +153,11 @@ def test_bad_asks_are_400_naming_the_field(server):
 
 
 def test_metrics_count_reasons_of_requests_that_asked(server):
-    before = server.metrics()
+    before = server.wait_idle()
+    _client(server).completions.create(model="tiny", prompt=unique_prompt(40), max_tokens=2)
+    idle = server.wait_idle()  # a request that does not ask: no diagnostic work
+    assert idle["cache_diagnostics_requests_total"] == before[
+        "cache_diagnostics_requests_total"]
     _complete(_client(server), unique_prompt(40))
     after = server.wait_idle()
     assert labelled(after, "cache_miss_reason_total", reason="never_seen") == labelled(
