@@ -101,7 +101,7 @@ async def serve_messages(serving: Any, raw: bytes, principal: Any, request: Requ
 async def _serve(serving: Any, raw: bytes, principal: Any, request: Request,
                  arrival: float) -> Response:
     req, ttl, body = translate(raw)
-    ask = anthropic_ask(body, request.headers)
+    ask = anthropic_ask(body, {} if request is None else request.headers)
     if ask is not None:
         ask = replace(ask, anchors=message_anchors(body["messages"], body.get("tools"),
                                                    body.get("system")))
