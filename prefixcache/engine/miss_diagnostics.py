@@ -110,11 +110,13 @@ class MissDiagnostics:
                 "reusable_tokens": (None if earlier is None
                                     else reusable_tokens(common, n, bs)),
                 "compared_with": earlier_id, "compare_to_found": found,
-                "divergence": (None if earlier is None
-                               else self._divergence(prompt, earlier, common, ask))}
+                "divergence": (None if earlier is None else self._divergence(
+                    prompt, earlier, common, ask, earlier.cache_salt == req.cache_salt))}
 
     def _divergence(self, prompt: list[int], earlier: PromptRecord, at: int,
-                    ask: DiagnosticsRequest) -> dict[str, Any]:
+                    ask: DiagnosticsRequest, same_salt: bool) -> dict[str, Any]:
+        """Where the prompt leaves ``earlier``; the earlier prompt's text only under the
+        same ``cache_salt`` (a salt may separate the end users of one tenant)."""
         out: dict[str, Any] = {"token": at, "char": None, "section": None, "before": None,
                                "after": None, "earlier_after": None}
         tok = self.tokenizer
@@ -126,8 +128,8 @@ class MissDiagnostics:
         out.update(char=char, section=locate(sections, char),
                    before=tok.decode(prompt[max(0, at - w):at], skip_special_tokens=True),
                    after=tok.decode(prompt[at:at + w], skip_special_tokens=True),
-                   earlier_after=tok.decode(list(earlier.token_ids[at:at + w]),
-                                            skip_special_tokens=True))
+                   earlier_after=None if not same_salt else tok.decode(
+                       list(earlier.token_ids[at:at + w]), skip_special_tokens=True))
         return out
 
     def remember(self, req: Request) -> None:

@@ -117,6 +117,7 @@ def test_other_namespace_model_changed_prompt_logprobs_and_short():
     diag(llm, doc, cache_salt="s1")
     d = diag(llm, doc, cache_salt="s2")
     assert (d["reason"], d["detail"], d["cached_tokens"]) == ("other_namespace", "cache_salt", 0)
+    assert d["divergence"]["earlier_after"] is None  # no text of another salt's prompt
     eng = llm.engine
     outs: dict = {}
     for rid, version, ref in (("ad-1", 1, None), ("ad-2", 2, "ad-1")):
