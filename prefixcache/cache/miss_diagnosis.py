@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -220,7 +220,6 @@ class Facts:
     first_missed_drop: str | None = None
     earlier: PromptRecord | None = None
     common: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def decide(f: Facts) -> tuple[str, str | None]:
