@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -101,6 +101,10 @@ class PromptRecord:
     num_prompt_tokens: int
     cache_salt: str | None
     model_key: Hashable
+    array: np.ndarray = field(init=False, compare=False, repr=False)  # token_ids, int64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "array", np.asarray(self.token_ids, dtype=np.int64))
 
 
 class _PerTenant:
@@ -191,8 +195,9 @@ class ResponseLog:
         ``min_common`` tokens (a page: prompts that share only a BOS token or a template's
         first tokens are not related)."""
         best: tuple[tuple[int, bool], str, PromptRecord] | None = None
+        query = np.asarray(token_ids, dtype=np.int64)
         for rid, rec in self._d.values(tenant):
-            rank = (first_divergence(rec.token_ids, token_ids), rec.cache_salt == cache_salt)
+            rank = (first_divergence(rec.array, query), rec.cache_salt == cache_salt)
             if rank[0] >= min_common and (best is None or rank >= best[0]):
                 best = (rank, rid, rec)
         return None if best is None else (best[1], best[2])
