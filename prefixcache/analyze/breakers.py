@@ -34,6 +34,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from prefixcache.analyze.records import TokenizedRequest
 from prefixcache.analyze.textmap import prompt_context
+from prefixcache.cache.miss_diagnosis import first_divergence, reusable_tokens
 
 WINDOW_TOKENS = 2048
 MIN_SHARED_TOKENS = 32
@@ -75,11 +76,9 @@ class BreakerGroup:
                 "example": self.example.as_dict(), "request_ids": self.request_ids[:20]}
 
 
-def lcp(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two id arrays."""
-    n = min(len(a), len(b))
-    neq = np.flatnonzero(a[:n] != b[:n])
-    return int(neq[0]) if len(neq) else n
+# The engine's miss diagnosis compares prompts with the same function, so a divergence
+# found here is the one a request's diagnosis reports.
+lcp = first_divergence
 
 
 _MULT = np.random.default_rng(0x5EED).integers(1, 2**63, size=4096, dtype=np.uint64) | 1
@@ -142,7 +141,7 @@ def _pair(a: np.ndarray, b: np.ndarray, hit_b: int, bs: int, *, window: int,
     i, j, m = found
     if m < min_fraction * min(len(a) - d - i, len(b) - d - j):
         return None
-    would = min(d + j + m, len(b) - 1) // bs * bs
+    would = reusable_tokens(d + j + m, len(b), bs)
     cost = would - max(d // bs * bs, hit_b)
     if cost < bs:
         return None

@@ -52,7 +52,7 @@ class IdleExpiry:
                 continue  # used again later: a newer entry stands for it
             del self.last_used[page]
             if state[page] == PageState.CACHED_FREE:
-                self.mgr.drop_cached(page)
+                self.mgr.drop_cached(page, "ttl")
                 n += 1
         self.expired_pages += n
         return n

@@ -32,6 +32,7 @@ from prefixcache.cache.events import CacheEventLog
 from prefixcache.cache.hashing import HashFn, PageHasher
 from prefixcache.cache.hits import HitFinder, Probe
 from prefixcache.cache.inflight import InflightRegistry
+from prefixcache.cache.miss_diagnosis import DropLog
 from prefixcache.cache.page_keys import PageKeys
 from prefixcache.cache.page_pool import PagePool, PageState
 from prefixcache.cache.page_table import PageTable
@@ -96,6 +97,8 @@ class KVCacheManager:
         self._alloc = Allocator(self.pool, self.index, self.inflight, self.keys,
                                 self.counters, self._evict, enable_prefix_caching,
                                 self._victim)
+        self.drop_log: DropLog | None = None  # see :meth:`record_drops`
+        self._quota_victim: int | None = None
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -208,7 +211,13 @@ class KVCacheManager:
         page = self.quotas.victim(self.pool, tenant)
         if page is not None and self.pool.pinned[page] and self.pins.expire():
             page = self.quotas.victim(self.pool, tenant)
+        if self.drop_log is not None and page is not None:  # the tenant recycles its own
+            limit = self.quotas.limit(tenant)
+            own = (limit is not None and self.pool.owner[page] == tenant
+                   and self.pool.usage[tenant] >= limit)
+            self._quota_victim = page if own else None
         return page
+
     def set_evict_hook(self, hook: EvictHook | None) -> None:
         """Call ``hook`` with the published pages an allocation evicts, once per
         allocation, after their index entries are gone and before the caller's step can
@@ -322,20 +331,37 @@ class KVCacheManager:
         are demoted with it rather than lapsing (:mod:`.pin_demotion`)."""
         if self.pool.pinned[page] and self._alloc.on_evict is not None:
             self.pins.on_drop(page, evicted=True)
-        self.drop_cached(page)
+        self.drop_cached(page, "quota" if page == self._quota_victim else "pool")
 
-    def drop_cached(self, page: int) -> None:
+    def drop_cached(self, page: int, cause: str | None = None) -> None:
         """Drop a cached-free page: its hash leaves the index and the page returns to
         the free queue (``CACHED_FREE -> FREE``). The one way a cached page goes:
         eviction, :meth:`reset`, supersede and TTL expiry (:mod:`.expiry`) use it.
+        ``cause`` (a :data:`.miss_diagnosis.DROP_CAUSES` key; ``None``: the hash stays
+        published elsewhere) is recorded in :attr:`drop_log` when one is kept.
 
         Raises:
             PoolError: the page is not cached-free.
         """
+        log = self.drop_log
+        if log is not None and cause is not None:
+            h = self.index.page_hash[page]
+            lapsed = self.pins.lapsed
+            if lapsed is not None and page in lapsed:
+                lapsed.discard(page)
+                cause = "pin" if cause == "pool" else cause
+            if h is not None:
+                log.record(self.pool.owner[page], h, cause)
         if self.pool.pinned[page]:
             self.pins.on_drop(page)  # its pins lapse
         self.pool.unpublish_cached(page)  # it raises for any state but cached-free
         self.index.remove(page)
+
+    def record_drops(self, log: DropLog) -> None:
+        """Keep ``log`` of the pages dropped from now on, per tenant and why (what a
+        miss diagnosis reads: :mod:`.miss_diagnosis`). One dict insert per drop."""
+        self.drop_log = log
+        self.pins.lapsed = set()
 
     def record_events(self) -> CacheEventLog:
         """Start recording every page entering or leaving the index (for KV events);
@@ -365,7 +391,7 @@ class KVCacheManager:
         published (their KV is complete) and become evictable when released."""
         dropped = self.pool.cached_pages()
         for page in dropped:
-            self.drop_cached(page)
+            self.drop_cached(page, "reset")
         self.counters.reset_dropped_pages += len(dropped)
         kept = sum(1 for s in self.pool.state if s == PageState.PUBLISHED)
         return ResetReport(dropped_pages=len(dropped), kept_in_use_pages=kept)

@@ -137,6 +137,7 @@ class PinRegistry:
         self._seq = itertools.count()
         self.num_pinned_pages = 0
         self.demotion = PinDemotion()  # the engine's KV tiers enable it
+        self.lapsed: set[int] | None = None  # pool pages whose pin expired (when kept)
         self.counters = {"pins_created": 0, "pins_refused": 0, "pins_expired": 0,
                          "pins_evicted": 0, "pins_lapsed_for_cap": 0, "pins_unpinned": 0,
                          "pin_refreshes": 0, "pin_pages_demoted": 0,
@@ -277,6 +278,8 @@ class PinRegistry:
             if pin.expires_at > now:  # refreshed since it was queued
                 heapq.heappush(self._expiry, (pin.expires_at, seq, key))
                 continue
+            if self.lapsed is not None:  # a miss diagnosis tells "expired" from "evicted"
+                self.lapsed.update(p for p in pin.pages if p is not None)
             self._remove(pin)
             n += 1
         self.counters["pins_expired"] += n

@@ -28,6 +28,7 @@ from prefixcache.config import EngineConfig
 from prefixcache.engine.kv_events import KVEventPublisher
 from prefixcache.engine.kv_store import SharedKVStore
 from prefixcache.engine.kv_tiers import KVTiers, model_fingerprint
+from prefixcache.engine.miss_diagnostics import DiagnosticsRequest, MissDiagnostics
 from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
 from prefixcache.engine.request import Request, RequestStatus
@@ -93,6 +94,7 @@ class LLMEngine:
                                     tenant_quota_fraction=config.tenant_quota_fraction,
                                     tenant_quotas=config.tenant_quotas)
         self.scheduler = Scheduler(config, self.cache, clock)
+        self.diagnostics = MissDiagnostics(self.cache, self.tokenizer, self.fingerprint)
         self.tiers: KVTiers | None = None
         self.shared: SharedKVStore | None = None
         if config.enable_prefix_caching and (config.host_cache_bytes or config.disk_cache_dir
@@ -187,8 +189,12 @@ class LLMEngine:
                     params: SamplingParams | None = None, *, prompt: str | None = None,
                     tenant: str | None = None, cache_salt: str | None = None,
                     extra_keys: tuple = (), arrival_time: float | None = None,
-                    pin_ttl_s: float | None = None) -> Request:
+                    pin_ttl_s: float | None = None,
+                    diagnostics: DiagnosticsRequest | None = None) -> Request:
         """Queue a request.
+
+        ``diagnostics``: say why the request did not hit (``output.extra
+        ["cache_diagnostics"]``, once its prefill completed; ``engine/miss_diagnostics.py``).
 
         ``pin_ttl_s`` (seconds): once its prefill completes, pin its full prompt pages for
         that long (``cache/pins.py``; ``output.extra["pin"]`` tells the result). With
@@ -213,6 +219,8 @@ class LLMEngine:
                 pin_ttl_s = check_pin_ttl(pin_ttl_s)
             except ValueError as exc:
                 raise ParamError("pin_ttl_s", str(exc)) from None
+        if diagnostics is not None and not isinstance(diagnostics, DiagnosticsRequest):
+            raise ParamError("diagnostics", "must be a DiagnosticsRequest or None")
         limit = self.config.max_waiting_requests
         if limit is not None and len(self.scheduler.waiting) >= limit:
             raise QueueFullError(f"{len(self.scheduler.waiting)} requests are waiting")
@@ -224,7 +232,7 @@ class LLMEngine:
                           sampling_params=sp, prompt=prompt, tenant=tenant,
                           cache_salt=cache_salt, extra_keys=tuple(extra_keys),
                           pin_ttl_s=pin_ttl_s if i == 0 else None, arrival_time=arrival,
-                          index=i)
+                          diagnostics=diagnostics if i == 0 else None, index=i)
             if sp.seed is not None:
                 req.generator = torch.Generator(device=self.device).manual_seed(sp.seed)
             if sp.structured_outputs is not None:  # each sample runs its own matcher
@@ -289,6 +297,8 @@ class LLMEngine:
         req.status = RequestStatus.FINISHED
         req.metrics.finished_time = self.clock()
         req.freeze_cached()
+        if req.diagnostics is not None and reason in ("stop", "length"):
+            self.diagnostics.remember(req)
         self.scheduler.remove(req)
         self.requests.pop(req.request_id, None)
         if self.shared is not None:
@@ -412,6 +422,8 @@ class LLMEngine:
                                         req.num_inflight_hit_tokens)
                 if req.pin_ttl_s is not None:
                     self._pin(req)
+                if req.diagnostics is not None:
+                    req.diagnosis = self.diagnostics.diagnose(req)
             if req.sampling_params.max_tokens == 0:  # prefill only: drop the token
                 reason: str | None = "length"
             else:
@@ -438,6 +450,7 @@ class LLMEngine:
         d = self.cache.stats()
         d.update(self.counters)
         mc, bs = self.model_config, self.config.block_size
+        d.update(self.diagnostics.stats())
         d.update(requests_running=len(self.scheduler.running),
                  requests_waiting=len(self.scheduler.waiting),
                  num_preemptions=self.scheduler.num_preemptions,

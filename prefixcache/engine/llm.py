@@ -14,6 +14,7 @@ from typing import Any, cast
 from prefixcache.cache.pins import PinCapError, check_pin_ttl
 from prefixcache.config import EngineConfig
 from prefixcache.engine.engine import LLMEngine
+from prefixcache.engine.miss_diagnostics import diagnostics_request, message_anchors
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams
 from prefixcache.text.messages import MessageError, check_messages
@@ -69,7 +70,9 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  tenant: str | None = None, cache_salt: str | None = None,
-                 use_tqdm: bool = False, pin_ttl_s: float | None = None
+                 use_tqdm: bool = False, pin_ttl_s: float | None = None,
+                 cache_diagnostics: bool | dict | None = None,
+                 _anchors: Sequence[tuple[tuple[str, str], ...]] = ()
                  ) -> list[RequestOutput]:
         """Generate for every prompt, all batched together; outputs in prompt order.
         With ``n > 1`` (or ``best_of``) an output holds one ``CompletionOutput`` per
@@ -82,6 +85,9 @@ class LLM:
             use_tqdm: show a progress bar.
             pin_ttl_s: pin each prompt's full pages for this long (seconds, from 1 to
                 604800) once prefilled; ``output.extra["pin"]`` says whether the pin cap allowed it.
+            cache_diagnostics: ``True`` or ``{"compare_to": "<request id>"}``: say why each
+                request did not hit, in ``output.extra["cache_diagnostics"]`` (README,
+                "Cache-miss diagnostics"; the ids are the outputs' ``request_id``).
 
         Raises:
             ParamError: an invalid prompt or parameter (``tenant`` and ``cache_salt``
@@ -100,17 +106,21 @@ class LLM:
         encoded = [self._prompt_ids(p) for p in prompts]
         for (ids, _), sp in zip(encoded, params):
             self.engine.validate(ids, sp)
+        anchors = list(_anchors) or [()] * len(encoded)
+        asks = [diagnostics_request(cache_diagnostics, a) for a in anchors]
         order = []
-        for (ids, text), sp in zip(encoded, params):
+        for (ids, text), sp, ask in zip(encoded, params, asks):
             rid = f"offline-{next(self._ids)}"
             self.engine.add_request(rid, ids, sp, prompt=text, tenant=tenant,
-                                    cache_salt=cache_salt, pin_ttl_s=pin_ttl_s)
+                                    cache_salt=cache_salt, pin_ttl_s=pin_ttl_s,
+                                    diagnostics=ask)
             order.append(rid)
         return self._run(order, use_tqdm)
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | None = None, *, tools: list | None = None,
-             tenant: str | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
+             tenant: str | None = None, cache_salt: str | None = None,
+             cache_diagnostics: bool | dict | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, rendered with the
         model's chat template; each output's ``prompt`` is the rendered prompt text.
         Raises ParamError naming the field at fault (``messages[0].role``; with a list
@@ -130,7 +140,10 @@ class LLM:
         texts = [self.tokenizer.render_chat(c, tools=tools) for c in convs]
         prompts = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False),
                     "prompt": t} for t in texts]
-        return self.generate(prompts, sampling_params, tenant=tenant, cache_salt=cache_salt)
+        return self.generate(prompts, sampling_params, tenant=tenant, cache_salt=cache_salt,
+                             cache_diagnostics=cache_diagnostics,
+                             _anchors=[message_anchors(c, tools) for c in convs]
+                             if cache_diagnostics else ())
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}

@@ -163,7 +163,14 @@ class OutputProcessor:
             request_id=request_id or req.request_id, prompt=req.prompt,
             prompt_token_ids=req.prompt_token_ids, outputs=comps, finished=finished,
             num_cached_tokens=req.num_cached_tokens, metrics=req.metrics, error=error,
-            prompt_logprobs=req.prompt_logprobs or None, extra=self._pin_extra(req))
+            prompt_logprobs=req.prompt_logprobs or None, extra=self._extra(req))
+
+    @classmethod
+    def _extra(cls, req: Request) -> dict:
+        extra = cls._pin_extra(req)
+        if req.diagnosis is not None:
+            extra["cache_diagnostics"] = req.diagnosis
+        return extra
 
     @staticmethod
     def _pin_extra(req: Request) -> dict:

@@ -47,6 +47,7 @@ class RequestSpec:
     arrival_time: float | None = None
     index: int = 0
     pin_ttl_s: float | None = None  # pin the prompt's full pages for this long (seconds)
+    diagnostics: Any = None  # engine.miss_diagnostics.DiagnosticsRequest, when asked
 
 
 @dataclass(eq=False)
@@ -158,7 +159,10 @@ class AsyncEngine:
             added: list[RequestSpec] = []
             try:
                 for s in specs:
-                    pin = {} if s.pin_ttl_s is None else {"pin_ttl_s": s.pin_ttl_s}
+                    pin: dict[str, Any] = ({} if s.pin_ttl_s is None
+                                           else {"pin_ttl_s": s.pin_ttl_s})
+                    if s.diagnostics is not None:
+                        pin["diagnostics"] = s.diagnostics
                     self.engine.add_request(s.request_id, s.prompt_token_ids, s.params,
                                             prompt=s.prompt, tenant=s.tenant,
                                             cache_salt=s.cache_salt, arrival_time=s.arrival_time,

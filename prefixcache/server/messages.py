@@ -22,14 +22,17 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from prefixcache.engine.miss_diagnostics import message_anchors
 from prefixcache.server import anthropic_sse as sse
 from prefixcache.server import anthropic_wire as wire
 from prefixcache.server.anthropic_check import check_body
+from prefixcache.server.diagnostics import anthropic_ask, anthropic_diagnostics
 from prefixcache.server.errors import APIError
 from prefixcache.server.protocol import ChatCompletionRequest, parse_body
 
@@ -71,6 +74,8 @@ def translate(raw: bytes) -> tuple[ChatCompletionRequest, float | None, dict]:
     except wire.WireError as exc:  # Anthropic errors have no ``param``: name it in the text
         text = str(exc) if str(exc).startswith(exc.param) else f"{exc.param}: {exc}"
         raise APIError(400, text, param=exc.param) from None
+    if isinstance(body.get("cache_salt"), str):  # our extension, as on the OpenAI routes
+        chat["cache_salt"] = body["cache_salt"]
     if chat.get("stream"):  # usage in every chunk: message_start reports the prompt's
         chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     req = parse_body(ChatCompletionRequest, json.dumps(chat).encode())
@@ -96,9 +101,14 @@ async def serve_messages(serving: Any, raw: bytes, principal: Any, request: Requ
 async def _serve(serving: Any, raw: bytes, principal: Any, request: Request,
                  arrival: float) -> Response:
     req, ttl, body = translate(raw)
-    resp = await serving.chat(req, principal, request, arrival, pin_ttl_s=ttl)
-    model = str(body.get("model") or "")
+    ask = anthropic_ask(body, {} if request is None else request.headers)
+    if ask is not None:
+        ask = replace(ask, anchors=message_anchors(body["messages"], body.get("tools"),
+                                                   body.get("system")))
     msg_id = f"msg_{uuid.uuid4().hex}"
+    resp = await serving.chat(req, principal, request, arrival, pin_ttl_s=ttl,
+                              response_id=msg_id, diagnostics=ask)
+    model = str(body.get("model") or "")
     if isinstance(resp, StreamingResponse):
         resp.body_iterator = _events(resp.body_iterator, msg_id, model, ttl)
         return resp
@@ -108,9 +118,12 @@ async def _serve(serving: Any, raw: bytes, principal: Any, request: Request,
     choice = data["choices"][0]
     calls = [{**c, "id": wire.tool_use_id(c.get("id"))}
              for c in choice["message"].get("tool_calls") or []]
-    return JSONResponse(wire.message_response(
+    out = wire.message_response(
         msg_id, model, choice["message"]["content"] or "", choice.get("finish_reason"),
-        usage_of(data["usage"], ttl), tool_calls=calls))
+        usage_of(data["usage"], ttl), tool_calls=calls)
+    if ask is not None and data.get("prompt_cache_diagnostics"):
+        out["diagnostics"] = anthropic_diagnostics(data["prompt_cache_diagnostics"])
+    return JSONResponse(out)
 
 
 async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: float | None

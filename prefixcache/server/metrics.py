@@ -44,6 +44,10 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 
 # (metric name without _total, help, key of LLMEngine.stats())
 ENGINE_COUNTERS = (
+    ("cache_diagnostics_requests", "Requests diagnosed (they asked for cache "
+     "diagnostics); 0 means no per-request diagnostic work was done.", "diag_requests"),
+    ("cache_diagnostics_drops_recorded", "Dropped cache pages recorded for diagnoses "
+     "(one dict insert each), pages.", "diag_drops_recorded"),
     ("prefill_tokens_computed", "Prompt tokens whose KV the engine computed (prefill "
      "not skipped by the prefix cache), tokens.", "prefill_tokens_computed"),
     ("decode_tokens_computed", "Tokens computed in decode steps, tokens.",
@@ -154,6 +158,16 @@ class EngineStatsCollector:
         for name, doc, key in ENGINE_GAUGES:
             if key in s:
                 yield GaugeMetricFamily(name, doc, value=float(s[key]))
+        reasons = {k[len("miss_reason_"):]: v for k, v in s.items()
+                   if k.startswith("miss_reason_")}
+        if reasons:
+            fam = CounterMetricFamily(
+                "cache_miss_reason", "Requests that asked for cache diagnostics, by the "
+                "reason reported (none: nothing the cache held was missed).",
+                labels=["reason"])
+            for r, n in reasons.items():
+                fam.add_metric([r], float(n))
+            yield fam
         by_tenant = s.get("tenant_pages")
         if self.tenants is not None and isinstance(by_tenant, dict):
             yield from self._tenant_gauges(by_tenant)

@@ -93,6 +93,7 @@ class _SamplingFields(_Body):
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
     guided_decoding_backend: str | None = None
+    prompt_cache_diagnostics: bool | dict[str, Any] | None = None  # server/diagnostics.py
 
 
 class CompletionRequest(_SamplingFields):

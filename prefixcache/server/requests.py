@@ -14,11 +14,14 @@ import math
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from prefixcache.cache.pins import MAX_PIN_TTL_S, MIN_PIN_TTL_S
+from prefixcache.engine.miss_diagnostics import message_anchors
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams, StructuredOutputsParams
+from prefixcache.server.diagnostics import openai_ask
 from prefixcache.server.errors import APIError, bad_request
 from prefixcache.server.logsafe import name_list
 from prefixcache.server.protocol import (
@@ -36,6 +39,7 @@ from prefixcache.server.transcripts import TranscriptTokens
 log = logging.getLogger(__name__)
 
 MAX_PROMPTS_PER_REQUEST = 256
+_NO_HEADERS: dict[str, str] = {}
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 
 
@@ -65,7 +69,8 @@ class RequestPreparer:
         return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn)
 
     # -- entry points ------------------------------------------------------------------
-    async def completion(self, req: CompletionRequest, arrival: float) -> Prepared:
+    async def completion(self, req: CompletionRequest, arrival: float,
+                         headers: Any = _NO_HEADERS) -> Prepared:
         """A ``/v1/completions`` request, ready for the engine. Raises APIError."""
         model = self._common(req, "completions")
         params = self._sampling_params(req)
@@ -100,13 +105,15 @@ class RequestPreparer:
                        for ids, text in prompts]
         return Prepared("completions", f"cmpl-{uuid.uuid4().hex}", model, prompts, params,
                         bool(req.stream), *self._stream_opts(req), bool(req.echo),
-                        req.logprobs, req.cache_salt, arrival, request_pin_ttl(req))
+                        req.logprobs, req.cache_salt, arrival, request_pin_ttl(req),
+                        diagnostics=openai_ask(req.prompt_cache_diagnostics, headers))
 
     async def chat(self, req: ChatCompletionRequest, arrival: float,
-                   tenant: str | None = None) -> Prepared:
+                   tenant: str | None = None, headers: Any = _NO_HEADERS) -> Prepared:
         """A ``/v1/chat/completions`` request, ready for the engine; its prompt reuses
         the ids of a recorded transcript it starts with (:mod:`.transcripts`, per
-        ``tenant`` and ``cache_salt``). Raises APIError."""
+        ``tenant`` and ``cache_salt``); ``headers`` may ask for cache diagnostics. Raises
+        APIError."""
         model = self._common(req, "chat")
         rename = {"logprobs": "top_logprobs", "prompt": "messages"}
         if req.max_completion_tokens is not None:
@@ -128,6 +135,9 @@ class RequestPreparer:
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer, so no chat template", "messages")
         messages = message_dicts(req)
+        ask = openai_ask(req.prompt_cache_diagnostics, headers)
+        if ask is not None:
+            ask = replace(ask, anchors=message_anchors(messages, req.tools))
         add_gen = req.add_generation_prompt is not False
 
         namespace = (tenant, req.cache_salt)
@@ -145,7 +155,8 @@ class RequestPreparer:
         top = (req.top_logprobs or 0) if req.logprobs else None
         return Prepared("chat", f"chatcmpl-{uuid.uuid4().hex}", model, [(ids, None)], params,
                         bool(req.stream), *self._stream_opts(req), False, top,
-                        req.cache_salt, arrival, request_pin_ttl(req), plan, text, namespace)
+                        req.cache_salt, arrival, request_pin_ttl(req), plan, text, namespace,
+                        diagnostics=ask)
 
     def record(self, prep: Prepared, out: RequestOutput) -> None:
         """Record a finished chat reply's transcript (:mod:`.transcripts`): the prompt's

@@ -69,6 +69,7 @@ class Prepared:
     tools: ToolPlan | None = None              # chat: how the reply's calls are parsed
     chat_text: str | None = None               # chat: the rendered prompt text
     namespace: tuple | None = None             # chat: (tenant, cache_salt) of transcripts
+    diagnostics: Any = None                    # a DiagnosticsRequest, when asked
 
 
 class ResponseRenderer:
@@ -107,6 +108,9 @@ class ResponseRenderer:
                 "usage": _usage(finals.values())}
         if prep.pin_ttl_s is not None:  # extension: the pin of each prompt, by index
             body["pins"] = [finals[i].extra.get("pin") for i in sorted(finals)]
+        if prep.diagnostics is not None:  # server/diagnostics.py
+            diags = [finals[i].extra.get("cache_diagnostics") for i in sorted(finals)]
+            body["prompt_cache_diagnostics"] = diags[0] if len(diags) == 1 else diags
         return body
 
     async def stream(self, prep: Prepared, updates: AsyncIterator[dict[int, RequestOutput]]
@@ -126,8 +130,15 @@ class ResponseRenderer:
                     for idx, out, comp in _choices(latest):
                         for chunk in self._chunks(prep, head, idx, out, comp, sent, calls):
                             yield _sse(chunk)
+            last: dict[str, Any] = {}
             if prep.include_usage:
-                yield _sse({**head, "choices": [], "usage": _usage(latest_out.values())})
+                last["usage"] = _usage(latest_out.values())
+            if prep.diagnostics is not None:  # server/diagnostics.py
+                diags = [latest_out[i].extra.get("cache_diagnostics")
+                         for i in sorted(latest_out)]
+                last["prompt_cache_diagnostics"] = diags[0] if len(diags) == 1 else diags
+            if last:
+                yield _sse({**head, "choices": [], **last})
         except EngineFailure as exc:
             yield _error_event(str(exc), "engine_error")
         except ShuttingDown as exc:

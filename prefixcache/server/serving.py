@@ -72,17 +72,23 @@ class OpenAIServing:
     # -- entry points ------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, principal: Principal,
                           request: Request, arrival: float) -> Response:
-        prep = await self.prepare.completion(req, arrival)
+        prep = await self.prepare.completion(req, arrival, request.headers)
         return await self._serve(prep, principal, request)
 
     async def chat(self, req: ChatCompletionRequest, principal: Principal, request: Request,
-                   arrival: float, *, pin_ttl_s: float | None = None) -> Response:
+                   arrival: float, *, pin_ttl_s: float | None = None,
+                   response_id: str | None = None, diagnostics: Any = None) -> Response:
         """``pin_ttl_s``: how long the prompt's pages should stay cached (the Messages
         route's ``cache_control``), seconds; ``None`` keeps what the body asks for
-        (``cache_ttl`` / ``cache_control``, or no pin)."""
-        prep = await self.prepare.chat(req, arrival, principal.tenant)
+        (``cache_ttl`` / ``cache_control``, or no pin). ``response_id`` and
+        ``diagnostics`` (a ``DiagnosticsRequest``): the Messages route's id and ask."""
+        prep = await self.prepare.chat(req, arrival, principal.tenant, request.headers)
         if pin_ttl_s is not None:
             prep.pin_ttl_s = pin_ttl_s
+        if response_id is not None:
+            prep.request_id = response_id
+        if diagnostics is not None:
+            prep.diagnostics = diagnostics
         return await self._serve(prep, principal, request)
 
     # -- running -----------------------------------------------------------------------
@@ -100,7 +106,8 @@ class OpenAIServing:
         specs = [RequestSpec(request_id=prep.request_id if n == 1 else f"{prep.request_id}-{i}",
                              prompt_token_ids=ids, params=prep.params, prompt=text,
                              tenant=principal.tenant, cache_salt=prep.cache_salt,
-                             arrival_time=prep.arrival, index=i, pin_ttl_s=prep.pin_ttl_s)
+                             arrival_time=prep.arrival, index=i, pin_ttl_s=prep.pin_ttl_s,
+                             diagnostics=prep.diagnostics)
                  for i, (ids, text) in enumerate(prep.prompts)]
         queue: asyncio.Queue = asyncio.Queue()
         try:

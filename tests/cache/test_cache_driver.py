@@ -37,7 +37,7 @@ def test_reset_and_eviction_go_through_drop_cached(monkeypatch):
     dropped = []
     real = KVCacheManager.drop_cached
     monkeypatch.setattr(KVCacheManager, "drop_cached",
-                        lambda self, p: (dropped.append(p), real(self, p)))
+                        lambda self, p, *cause: (dropped.append(p), real(self, p, *cause)))
     mgr = KVCacheManager(4, BS)
     serve(mgr, "A", list(range(9)))                # 2 cached pages, 2 free
     cached = mgr.pool.cached_pages()
