@@ -14,7 +14,8 @@ Two cases, decided from the template source (:func:`renders_tool_syntax`):
   when there is none), an assistant turn's calls become ``<tool_call>`` blocks after its
   content, and a ``tool`` message becomes a ``user`` turn holding
   ``<tool_response>...</tool_response>``. The model's calls are then parsed with the
-  ``hermes`` parser.
+  ``hermes`` parser. A template that renders ``tool_calls`` but not ``tools`` gets only
+  the tool list written into its system turn; its messages go to it unchanged.
 
 Either way a call renders as ``{"name": ..., "arguments": ...}`` with ``json.dumps``
 spacing, the form the Hermes grammar makes the model write, so the next request's prompt
@@ -39,6 +40,12 @@ _INSTRUCTIONS = (
 def renders_tool_syntax(template: str | None) -> bool:
     """Whether the template renders tools itself (it reads ``tools``)."""
     return bool(template) and "tools" in str(template)
+
+
+def renders_tool_calls(template: str | None) -> bool:
+    """Whether the template renders an assistant turn's calls itself (it reads
+    ``tool_calls``), with or without a tool list of its own."""
+    return bool(template) and "tool_calls" in str(template)
 
 
 def tool_instructions(tools: list[dict[str, Any]]) -> str:
@@ -66,7 +73,10 @@ def prepare(template: str | None, messages: list[dict[str, Any]],
         if not argument_objects:
             return list(messages), tools
         return [_with_argument_objects(m) for m in messages], tools
-    out = [_fallback_message(m) for m in messages]
+    if renders_tool_calls(template):  # only the tool list needs the fallback
+        out = [_with_argument_objects(m) if argument_objects else dict(m) for m in messages]
+    else:
+        out = [_fallback_message(m) for m in messages]
     if tools:
         text = tool_instructions(tools)
         if out and out[0].get("role") in ("system", "developer"):

@@ -85,9 +85,28 @@ def test_tokenizer_template_used_when_it_covers_everything(gpt2_dir_with_templat
     assert tr.char_ends == [9, 17, 39, 50]  # past each content (or tool call name)
 
 
-def test_template_that_drops_tool_messages_falls_back():
+def test_qwen2_template_renders_tool_turns_with_argument_objects():
+    """Qwen2's template writes ``arguments | tojson``: given objects (as vLLM hands them),
+    it renders the call and the tool result, so the tokenizer's template is used."""
     tok = load_tokenizer(str(shared_data("tokenizers") / "qwen2"))
     (tr,), info = encode_requests([Request("r", messages=MSGS)], tok)
+    assert info.renderer == "tokenizer-template" and info.note is None
+    assert tr.prompt_text.endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"command": '
+        '"ls"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nout\n'
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_template_that_drops_tool_messages_falls_back(tmp_path):
+    d = tmp_path / "tok"
+    d.mkdir()
+    (d / "tokenizer.json").symlink_to(shared_data("tokenizers") / "gpt2" / "tokenizer.json")
+    tpl = ("{% for m in messages %}{% if m['role'] != 'tool' %}[{{ m['role'] }}]"
+           "{{ m['content'] }}{% for tc in m.get('tool_calls') or [] %}"
+           "<call {{ tc['function']['name'] }}>{% endfor %}{{ '\\n' }}{% endif %}"
+           "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": tpl}))
+    (tr,), info = encode_requests([Request("r", messages=MSGS)], load_tokenizer(str(d)))
     assert info.renderer == "builtin-chatml"
     assert "drops content" in info.note
     assert tr.prompt_text.endswith("<|im_start|>tool\nout<|im_end|>\n<|im_start|>assistant\n")
