@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.wait import wait_until
 from tests.server.live import BLOCK, KEYS, LiveServer, expected_hit, labelled, unique_prompt
 
 ON = {"prompt_cache_diagnostics": True, "ignore_eos": True}
@@ -208,9 +209,7 @@ def test_evicted_expired_and_admission_on_a_small_pool(small):
     pinned = _raw(small, "sk-alice", _ids(4, 4 * BLOCK + 1), cache_ttl=1,
                   prompt_cache_diagnostics=True)
     expires_at = pinned["pins"][0]["expires_at"]
-    deadline = time.time() + 30
-    while time.time() <= expires_at + 0.05 and time.time() < deadline:
-        time.sleep(0.05)  # wait for the pin's expiry time to pass
+    wait_until(lambda: time.time() > expires_at + 0.05, "the pin's expiry time to pass")
     _raw(small, "sk-alice", _ids(5, 16 * BLOCK - 2))  # needs the pinned pages: they lapse
     d = _raw(small, "sk-alice", _ids(4, 4 * BLOCK + 1),
              prompt_cache_diagnostics=True)["prompt_cache_diagnostics"]
