@@ -29,6 +29,10 @@ DEFAULT_HASH_ROOT_SEED = "prefixcache/v1"
 HASH_SEED_ENV = "PREFIXCACHE_HASH_SEED"
 
 
+# --quantization: how linear weights are held (prefixcache.model.quantize)
+QUANTIZATION_MODES = ("auto", "none", "int4", "int8")
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """The torch dtype of a name or alias in :data:`DTYPES`, or of a supported
     ``torch.dtype`` (float32, bfloat16, float16).
@@ -102,6 +106,10 @@ class EngineConfig:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         dtype: a name or alias in :data:`DTYPES`; stored as its canonical name
             (``"float32"``, ``"bfloat16"``, ``"float16"``); ``torch_dtype`` is the resolved one.
+        quantization: how linear weights are held, one of :data:`QUANTIZATION_MODES`:
+            ``auto`` keeps a GGUF file's quantized layout (others float), ``none`` float in
+            ``dtype``, ``int4``/``int8`` weight-only codes per 32 input columns
+            (:mod:`prefixcache.model.quantize`).
         deterministic: batch-invariant arithmetic; cold and warm runs are bit-identical.
         seed: seed of the engine's generator (unseeded sampling).
         shuffle_seed: start the page free list shuffled (non-contiguous pages; tests).
@@ -171,6 +179,9 @@ class EngineConfig:
     device: str = field(default="cpu", metadata=_opt("cpu, cuda or cuda:N"))
     dtype: str = field(default="float32", metadata=_opt(
         "weights and KV dtype: " + ", ".join(DTYPES)))
+    quantization: str = field(default="auto", metadata=_opt(
+        "linear weights: auto (a GGUF file stays quantized), none (float), int4 or int8 "
+        "(weight-only, group size 32)"))
     deterministic: bool = field(default=False, metadata=_opt(
         "batch-invariant arithmetic: cold and warm runs are bit-identical"))
     seed: int = field(default=0, metadata=_opt("seed of the engine's generator "
@@ -242,6 +253,8 @@ class EngineConfig:
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
              "must be >= 2")
         self.dtype = dtype_name(self.dtype)
+        need(self.quantization in QUANTIZATION_MODES, "quantization",
+             f"must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
         need(self.cache_aware_window_s >= 0, "cache_aware_window_s", "must be >= 0")
         need(self.max_waiting_requests is None or self.max_waiting_requests >= 1,
              "max_waiting_requests", f"must be >= 1 (0 would refuse every request), got "

@@ -63,7 +63,8 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.device = torch.device(config.device)
         self.loaded = loaded or load_model(config.model, device=config.device,
-                                           dtype=config.torch_dtype)
+                                           dtype=config.torch_dtype,
+                                           quantization=config.quantization)
         self.model = self.loaded.model
         self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer

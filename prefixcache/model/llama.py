@@ -46,6 +46,7 @@ from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kernels import fused_ops
 from prefixcache.model.kv_pool import KVPool
 from prefixcache.model.packed_linear import PackedLinear
+from prefixcache.model.quantized_linear import Int4Linear
 from prefixcache.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -95,10 +96,11 @@ class DecoderLayer(nn.Module):
         self.down_weight = p(h, i)
         self.down_bias = p(h) if cfg.mlp_bias else None
         # multi-row steps use oneDNN-prepacked weights (packed on first use)
-        self.qkv_proj = PackedLinear(self.qkv_weight, self.qkv_bias)
-        self.o_proj = PackedLinear(self.o_weight, self.o_bias)
-        self.gate_up_proj = PackedLinear(self.gate_up_weight, self.gate_up_bias)
-        self.down_proj = PackedLinear(self.down_weight, self.down_bias)
+        self.qkv_proj: PackedLinear | Int4Linear = PackedLinear(self.qkv_weight, self.qkv_bias)
+        self.o_proj: PackedLinear | Int4Linear = PackedLinear(self.o_weight, self.o_bias)
+        self.gate_up_proj: PackedLinear | Int4Linear = PackedLinear(self.gate_up_weight,
+                                                                    self.gate_up_bias)
+        self.down_proj: PackedLinear | Int4Linear = PackedLinear(self.down_weight, self.down_bias)
         self.q_size = cfg.num_attention_heads * d
         self.kv_size = cfg.num_key_value_heads * d
         self.head_dim = d
@@ -175,7 +177,7 @@ class PagedLlama(nn.Module):
             config.vocab_size, config.hidden_size)
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
                                     self.device)
-        self._lm_head = PackedLinear(self.lm_head)
+        self._lm_head: PackedLinear | Int4Linear = PackedLinear(self.lm_head)
 
     @property
     def decoder_layers(self) -> list[DecoderLayer]:
@@ -188,7 +190,7 @@ class PagedLlama(nn.Module):
         does not pay for it); returns how many are packed (0 off float32 CPU)."""
         projs = [p for layer in self.decoder_layers
                  for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
-        return sum(p.prepack() for p in [*projs, self._lm_head])
+        return sum(p.prepack() for p in [*projs, self._lm_head] if isinstance(p, PackedLinear))
 
     def new_kv_pool(self, num_pages: int, block_size: int = 16) -> KVPool:
         """A zeroed :class:`KVPool` matching this model's geometry, dtype and device."""

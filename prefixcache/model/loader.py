@@ -14,7 +14,11 @@ import torch
 from safetensors import safe_open
 
 import prefixcache.model.builtin as builtin
+import prefixcache.model.gguf as gguf
+import prefixcache.model.gguf_cache as gguf_cache
+import prefixcache.model.gguf_quant as gguf_quant
 import prefixcache.model.host_memory as host_memory
+import prefixcache.model.quantize as quantize
 import prefixcache.model.registry as registry
 from prefixcache.config import resolve_dtype
 from prefixcache.model.config import ModelConfig
@@ -98,12 +102,56 @@ def load_weights(model: PagedLlama, files: list[Path]) -> None:
         load_hf_weights(model, lambda key: owner[key].get_tensor(key))
 
 
+def load_gguf_quantized(model: PagedLlama, files: list[Path], gguf_file: Path) -> int:
+    """Fill ``model`` with a GGUF file's matrices kept in its layout
+    (:mod:`prefixcache.model.gguf_quant`, via :func:`quantize.apply`) and the other
+    tensors (embedding, norms, biases) from the converted directory's ``files``; the
+    float matrices are never written. Returns the bytes the quantized layers hold.
+
+    Raises:
+        ValueError: a missing, unexpected or mis-shaped tensor (named).
+    """
+    reader = gguf.open_reader(gguf_file)
+    gguf.check_supported(reader)
+    matrices = dict(gguf_quant.quantized_matrices(reader, gguf.hf_config(reader)))
+    with ExitStack() as stack:
+        owner = {}
+        for f in files:
+            handle = stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
+            owner.update({key: handle for key in handle.keys()})
+        check_hf_keys(model, set(owner), str(files[0].parent))
+        load_hf_weights(model, lambda key: owner[key].get_tensor(key),
+                        skip=lambda key: key in matrices and key != "model.embed_tokens.weight")
+    return quantize.apply(model, matrices.__getitem__)
+
+
+def weights_layout(model: str, quantization: str) -> str:
+    """How ``model``'s linear weights are held under ``quantization``
+    (:data:`quantize.MODES`): ``"float"``, ``"gguf"`` (a GGUF file's own layout),
+    ``"int4"`` or ``"int8"``. Part of the model's ``cache_id`` when not ``"float"``: other
+    weights give other KV.
+
+    Raises:
+        ValueError: an unknown ``quantization`` (named).
+    """
+    quantize.check_mode(quantization)
+    if quantization in quantize.BITS:
+        return quantization
+    if quantization == "auto" and not model.startswith("builtin:") and (
+            gguf_cache.find_gguf(registry.resolve(model)) is not None):
+        return "gguf"
+    return "float"
+
+
 def load_model(model: str, device: torch.device | str = "cpu",
-               dtype: torch.dtype | str = torch.float32) -> LoadedModel:
+               dtype: torch.dtype | str = torch.float32,
+               quantization: str = "auto") -> LoadedModel:
     """Load ``model`` (a directory, a ``.gguf`` file, a registered name such as
     ``"smollm2-135m-instruct-q4_1"``, or ``"builtin:tiny"``) onto ``device`` in ``dtype``
     (a ``torch.dtype``, as ``EngineConfig.torch_dtype`` gives it; a name or alias is
-    resolved through the same table, ``prefixcache.config.DTYPES``).
+    resolved through the same table, ``prefixcache.config.DTYPES``), its linear layers
+    as ``quantization`` says (:mod:`prefixcache.model.quantize`: ``auto`` keeps a GGUF
+    file's quantized layout, ``none``, ``int4``, ``int8``).
 
     Raises:
         FileNotFoundError: the directory, ``config.json`` or the weights are missing;
@@ -111,9 +159,11 @@ def load_model(model: str, device: torch.device | str = "cpu",
             name whose package is missing.
         ValueError: unknown builtin name, unsupported architecture/RoPE/dtype/GGUF tensor
             type, or weights that do not match the config (the message names the file or
-            key); on the CPU, ``PREFIXCACHE_CPU_KERNELS`` other than ``0``, ``1``, ``auto``.
+            key); on the CPU, ``PREFIXCACHE_CPU_KERNELS`` other than ``0``, ``1``, ``auto``;
+            an unknown ``quantization``.
     """
     dtype = resolve_dtype(dtype)
+    layout = weights_layout(model, quantization)
     if torch.device(device).type == "cpu":
         host_memory.keep_freed_memory()
         if kernels.enabled():  # raises on a bad PREFIXCACHE_CPU_KERNELS, before serving
@@ -123,24 +173,38 @@ def load_model(model: str, device: torch.device | str = "cpu",
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
         net = builtin.build_tiny_model(device, dtype)
+        if layout in quantize.BITS:
+            quantize.from_float(net, quantize.BITS[layout])
         return LoadedModel(net, net.config, builtin.tiny_tokenizer(), model,
-                           builtin.CHAT_TEMPLATE)
+                           builtin.CHAT_TEMPLATE, cache_id=_cache_id(model, layout))
     path = registry.model_dir(model)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory not found: {path}")
     config = ModelConfig.from_dir(path)
     files = weight_files(path)
     net = PagedLlama(config, device, dtype)
-    load_weights(net, files)
+    if layout == "gguf":
+        gguf_file = gguf_cache.find_gguf(registry.resolve(model))
+        assert gguf_file is not None
+        load_gguf_quantized(net, files, gguf_file)
+    else:
+        load_weights(net, files)
+        if layout in quantize.BITS:
+            quantize.from_float(net, quantize.BITS[layout])
     net.eval()
     net.prepack()
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
     cache_id = f"gguf:{path.name}" if registry.is_converted(path) else ""
     return LoadedModel(net, config, tokenizer, model.rstrip("/") or model,
-                       tokenizer.chat_template if tokenizer else None, path, cache_id)
+                       tokenizer.chat_template if tokenizer else None, path,
+                       _cache_id(cache_id or model.rstrip("/") or model, layout))
 
 
-def load_tokenizer(model: str) -> tuple[Tokenizer | None, str]:
+def _cache_id(base: str, layout: str) -> str:
+    return base if layout == "float" else f"{base}:{layout}"
+
+
+def load_tokenizer(model: str, quantization: str = "auto") -> tuple[Tokenizer | None, str]:
     """The tokenizer of ``model`` (as :func:`load_model` gives it, chat template
     included) and its ``cache_id``, without loading the weights: what a router needs to
     compute the engines' page hashes.
@@ -152,11 +216,12 @@ def load_tokenizer(model: str) -> tuple[Tokenizer | None, str]:
         if model not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
-        return builtin.tiny_tokenizer(), model
+        return builtin.tiny_tokenizer(), _cache_id(model, weights_layout(model, quantization))
     path = registry.model_dir(model)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory not found: {path}")
     config = ModelConfig.from_dir(path)
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
     cache_id = f"gguf:{path.name}" if registry.is_converted(path) else ""
-    return tokenizer, cache_id or (model.rstrip("/") or model)
+    return tokenizer, _cache_id(cache_id or (model.rstrip("/") or model),
+                                weights_layout(model, quantization))

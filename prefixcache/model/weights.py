@@ -61,18 +61,23 @@ def check_hf_keys(model: PagedLlama, available: set[str], source: str) -> None:
 
 
 @torch.inference_mode()
-def load_hf_weights(model: PagedLlama, get: Callable[[str], torch.Tensor]) -> None:
+def load_hf_weights(model: PagedLlama, get: Callable[[str], torch.Tensor],
+                    skip: Callable[[str], bool] = lambda name: False) -> None:
     """Copy HF-named tensors into ``model`` (converted to its dtype and device).
 
     Args:
         get: returns the tensor of an HF name (any device/dtype). Call
             :func:`check_hf_keys` first for a readable error on missing names.
+        skip: names not to copy (their tensors are left unwritten: a quantized layer
+            replaces them); a fused weight is skipped when its first part is.
 
     Raises:
         ValueError: a tensor's shape does not match the config (message names it).
     """
 
     def put(dst: torch.Tensor, *names: str) -> None:
+        if skip(names[0]):
+            return
         parts = [get(n) for n in names]
         src = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
         if src.shape != dst.shape:
