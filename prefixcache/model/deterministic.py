@@ -128,7 +128,7 @@ def forward_deterministic(model: PagedLlama, batch: ForwardBatch, kv: KVPool
     tiles = plan_tiles(batch.seqs, bs)
     tile_slot = [i * bs + r for i, t in enumerate(tiles) for r in range(t.lo, t.hi)]
     x = torch.zeros(len(tiles) * bs, cfg.hidden_size, device=dev, dtype=model.dtype)
-    x[torch.tensor(tile_slot, device=dev)] = F.embedding(batch.input_ids, model.embed)
+    x[torch.tensor(tile_slot, device=dev)] = model.embed_tokens(batch.input_ids)
     x = x.view(len(tiles), bs, cfg.hidden_size)
     cos, sin = model.rope.table(max(t.page_index + 1 for t in tiles) * bs)
     rope = [(cos[p:p + bs].to(model.dtype), sin[p:p + bs].to(model.dtype))

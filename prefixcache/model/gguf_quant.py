@@ -7,7 +7,8 @@ Q5_K (5 bits), Q8_0 (8 bits), Q4_K (4 bits; its 6-bit sub-block scales and minim
 multiplied out). Requantized once at load (logged; no 32-column affine form in the file):
 Q6_K, Q2_K, Q3_K (sub-blocks of 16) to 8-bit codes by min/max per 32 columns, which adds
 at most half a step, ``(max - min) / 510`` per group, to the file's own error; float
-tensors (F32, F16, BF16) used as matrices likewise.
+matrices (F32, F16, BF16) in a file whose other matrices are quantized likewise (a file
+of float matrices only is loaded as float, see ``prefixcache.model.loader``).
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def affine_codes(t: Any) -> tuple[AffineCodes, bool]:
     w = gguf.dequantize(t)  # float32 [rows, cols]: the reference values
     rows, cols = w.shape
     if name not in EXACT_TYPES or cols % GROUP:
-        return AffineCodes.from_float(torch.from_numpy(w), REQUANTIZED_BITS), False
+        return AffineCodes.from_float(torch.from_numpy(np.array(w)), REQUANTIZED_BITS), False
     blocks = np.asarray(t.data).reshape(rows * cols // _block_cols(name), -1)
     scale, offset, bits = _scale_offset(name, blocks)
     scale = scale.reshape(rows, cols // GROUP)

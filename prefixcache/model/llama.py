@@ -46,7 +46,7 @@ from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kernels import fused_ops
 from prefixcache.model.kv_pool import KVPool
 from prefixcache.model.packed_linear import PackedLinear
-from prefixcache.model.quantized_linear import Int4Linear
+from prefixcache.model.quantized_linear import AffineCodes, Int4Linear
 from prefixcache.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -178,6 +178,8 @@ class PagedLlama(nn.Module):
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
                                     self.device)
         self._lm_head: PackedLinear | Int4Linear = PackedLinear(self.lm_head)
+        # set (and ``embed`` emptied) when the embedding is kept as codes
+        self.embed_codes: AffineCodes | None = None
 
     @property
     def decoder_layers(self) -> list[DecoderLayer]:
@@ -216,6 +218,17 @@ class PagedLlama(nn.Module):
         return (self.device.type == "cpu" and self.dtype == torch.float32
                 and fused_ops.available())
 
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``[N, hidden]`` (model dtype) of the token embedding for ``ids [N]``:
+        ``embed``'s rows, or the rows of :attr:`embed_codes` dequantized (``code * scale +
+        offset`` in float32, as the float reference computes them)."""
+        if self.embed_codes is None:
+            return F.embedding(ids, self.embed)
+        c = self.embed_codes
+        rows = c.codes[ids].view(ids.shape[0], -1, c.group).float()
+        w = rows * c.scale[ids][..., None] + c.offset[ids][..., None]
+        return w.view(ids.shape[0], -1).to(self.dtype)
+
     def logits(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``."""
         return self._lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps, fused)).float()
@@ -232,7 +245,7 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
     cfg = model.config
     if not batch.seqs:
         return torch.empty(0, cfg.vocab_size, device=model.device)
-    x = F.embedding(batch.input_ids, model.embed)
+    x = model.embed_tokens(batch.input_ids)
     cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
     decode_kernel = decode_in_place(kv, cfg.num_attention_heads)
     prefill_kernel = prefill_in_place(kv, cfg.num_attention_heads)

@@ -14,9 +14,7 @@ import torch
 from safetensors import safe_open
 
 import prefixcache.model.builtin as builtin
-import prefixcache.model.gguf as gguf
 import prefixcache.model.gguf_cache as gguf_cache
-import prefixcache.model.gguf_quant as gguf_quant
 import prefixcache.model.host_memory as host_memory
 import prefixcache.model.quantize as quantize
 import prefixcache.model.registry as registry
@@ -24,6 +22,7 @@ from prefixcache.config import resolve_dtype
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.kernels import build as kernels
 from prefixcache.model.llama import PagedLlama
+from prefixcache.model.quantized_linear import AffineCodes
 from prefixcache.model.weights import check_hf_keys, load_hf_weights
 from prefixcache.text.loading import tokenizer_for_model
 from prefixcache.text.tokenizer import Tokenizer
@@ -105,29 +104,43 @@ def load_weights(model: PagedLlama, files: list[Path]) -> None:
 def load_gguf_quantized(model: PagedLlama, files: list[Path], gguf_file: Path) -> int:
     """Fill ``model`` with a GGUF file's matrices kept in its layout
     (:mod:`prefixcache.model.gguf_quant`, via :func:`quantize.apply`) and the other
-    tensors (embedding, norms, biases) from the converted directory's ``files``; the
-    float matrices are never written. Returns the bytes the quantized layers hold.
+    tensors (norms, biases) from the converted directory's ``files``; on the CPU the
+    token embedding is kept as codes too (``PagedLlama.embed_codes``). The float matrices
+    are never written. Returns the bytes the quantized layers hold.
 
     Raises:
         ValueError: a missing, unexpected or mis-shaped tensor (named).
     """
-    reader = gguf.open_reader(gguf_file)
-    gguf.check_supported(reader)
-    matrices = dict(gguf_quant.quantized_matrices(reader, gguf.hf_config(reader)))
     with ExitStack() as stack:
+        f = stack.enter_context(safe_open(str(gguf_cache.codes_file(gguf_file)),
+                                          framework="pt", device="cpu"))
+        bits = json.loads((f.metadata() or {})["bits"])
         owner = {}
-        for f in files:
-            handle = stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
+        for w in files:
+            handle = stack.enter_context(safe_open(str(w), framework="pt", device="cpu"))
             owner.update({key: handle for key in handle.keys()})
         check_hf_keys(model, set(owner), str(files[0].parent))
         load_hf_weights(model, lambda key: owner[key].get_tensor(key),
-                        skip=lambda key: key in matrices and key != "model.embed_tokens.weight")
-    return quantize.apply(model, matrices.__getitem__)
+                        skip=lambda key: key in bits)
+
+        def codes_of(name: str) -> AffineCodes:  # read one matrix at a time
+            return AffineCodes(f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scale"),
+                               f.get_tensor(f"{name}.offset"), int(bits[name]))
+
+        total = quantize.apply(model, codes_of)
+        embed = "model.embed_tokens.weight"
+        if model.device.type == "cpu":  # the embedding as codes too: rows read per token
+            model.embed_codes = codes_of(embed)
+            model.embed.data = torch.empty(0, dtype=model.dtype)
+        else:
+            model.embed.copy_(codes_of(embed).dequantize())
+        return total
 
 
 def weights_layout(model: str, quantization: str) -> str:
     """How ``model``'s linear weights are held under ``quantization``
-    (:data:`quantize.MODES`): ``"float"``, ``"gguf"`` (a GGUF file's own layout),
+    (:data:`quantize.MODES`): ``"float"``, ``"gguf"`` (a GGUF file's own layout, when
+    ``auto`` and the file has quantized matrices; an F32/F16/BF16 file stays float),
     ``"int4"`` or ``"int8"``. Part of the model's ``cache_id`` when not ``"float"``: other
     weights give other KV.
 
@@ -137,10 +150,10 @@ def weights_layout(model: str, quantization: str) -> str:
     quantize.check_mode(quantization)
     if quantization in quantize.BITS:
         return quantization
-    if quantization == "auto" and not model.startswith("builtin:") and (
-            gguf_cache.find_gguf(registry.resolve(model)) is not None):
-        return "gguf"
-    return "float"
+    if quantization != "auto" or model.startswith("builtin:"):
+        return "float"
+    gguf_file = gguf_cache.find_gguf(registry.resolve(model))
+    return "gguf" if gguf_file is not None and gguf_cache.is_quantized(gguf_file) else "float"
 
 
 def load_model(model: str, device: torch.device | str = "cpu",

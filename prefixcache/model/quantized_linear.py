@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 GROUP = 32  # input columns per scale/offset: GGUF's block size and the kernel's smallest
 _PLANE = 16  # int4 values per plane
+_PACK_ROWS = 1024  # rows packed at a time (the kernel's layout is per 16 rows)
 
 
 @dataclass
@@ -109,13 +110,14 @@ class AffineCodes:
         scale, offset = self.scale, self.offset
         if self.bits <= 4:
             sz = torch.stack([scale, offset + 8 * scale], -1)
-            return c, sz.transpose(0, 1).contiguous()
+            return c.contiguous(), sz.transpose(0, 1).contiguous()
         high, low = c // _PLANE, c % _PLANE
         zero = offset + 8 * (_PLANE + 1) * scale  # (h-8)*16s + (l-8)*s + 8*17*s + offset
         sz_high = torch.stack([_PLANE * scale, torch.zeros_like(scale)], -1)
         sz_low = torch.stack([scale, zero], -1)
         sz = torch.cat([sz_high, sz_low], dim=1)  # [out, 2G, 2]
-        return torch.cat([high, low], dim=1), sz.transpose(0, 1).contiguous()
+        return (torch.cat([high, low], dim=1).contiguous(),
+                sz.transpose(0, 1).contiguous())
 
 
 def error_bound(x: torch.Tensor, codes: AffineCodes, y_ref: torch.Tensor) -> torch.Tensor:
@@ -143,6 +145,9 @@ class Int4Linear:
         codes: the weight ``[out, in]`` (``in % 32 == 0``; group sizes 32, 64, 128, 256).
         bias: ``[out]`` or None (applied in ``x``'s dtype).
 
+    Raises:
+        ValueError: on the CPU, ``out`` not a multiple of 16 (the kernel's packing).
+
     Attributes:
         out_features, in_features, bits, group, planes (1 or 2); ``nbytes``: memory held.
     """
@@ -159,10 +164,19 @@ class Int4Linear:
             self.packed = torch.empty(0, dtype=torch.uint8, device=device)
             self.scale_zero = torch.empty(0, dtype=torch.bfloat16, device=device)
             return
-        v, sz = codes.planes()
-        self.planes = v.shape[1] // self.in_features
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(v.contiguous(), 1)
-        self.scale_zero = sz.to(torch.bfloat16)
+        if self.out_features % 16:
+            raise ValueError(f"a weight of {self.out_features} output rows cannot be packed "
+                             "for the int4 kernel (a multiple of 16 is needed)")
+        packed, scale_zero = [], []
+        for start in range(0, self.out_features, _PACK_ROWS):  # int32 copies stay small
+            chunk = AffineCodes(*(a[start:start + _PACK_ROWS] for a in (
+                codes.codes, codes.scale, codes.offset)), codes.bits, codes.group)
+            v, sz = chunk.planes()
+            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(v, 1))
+            scale_zero.append(sz.to(torch.bfloat16))
+        self.planes = 1 if self.bits <= 4 else 2
+        self.packed = torch.cat(packed)
+        self.scale_zero = torch.cat(scale_zero, dim=1)
 
     @property
     def nbytes(self) -> int:

@@ -106,3 +106,39 @@ def test_quantization_setting_is_checked():
         load_model("builtin:tiny", quantization="fp4")
     with pytest.raises(ValueError, match="group size 32"):
         AffineCodes.from_float(torch.zeros(4, 40), 4)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K"])
+def test_gguf_file_logits_within_bound_of_dequantized_float(tmp_path, monkeypatch, qtype):
+    """The whole model kept quantized against the same file dequantized to float32: the
+    logits differ by at most 3% of the largest logit (measured on these random models,
+    0.3-2%: bfloat16 activations and scales in every linear, compounded over the layers);
+    a lost or misplaced row or block moves them by O(scale). Q6_K (requantized to 8 bits)
+    is bounded per weight only (``test_q6_k_is_requantized...``): on random Q6_K blocks,
+    whose two 16-column sub-blocks per group have unrelated scales, the logits move by
+    19% of the largest."""
+    from prefixcache.model.loader import load_model
+    from tests.model.test_gguf import make_hf_model, our_logits, prompt, write_gguf
+
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    if qtype.endswith("_K"):
+        import transformers
+        config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
+                                          num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, vocab_size=256,
+                                          max_position_embeddings=512, rms_norm_eps=1e-5)
+        hf = transformers.LlamaForCausalLM(config).eval()
+    else:
+        hf = make_hf_model("llama")
+    file = write_gguf(hf, tmp_path / f"m.{qtype}.gguf", qtype)
+    quant = load_model(str(file))
+    assert quant.cache_id.endswith(":gguf")
+    assert isinstance(quant.model.decoder_layers[0].down_proj, Int4Linear)
+    ids = prompt()
+    got = our_logits(quant, ids)
+    ref = our_logits(load_model(str(file), quantization="none"), ids)
+    scale = float(ref.abs().max())
+    err = float((got - ref).abs().max())
+    print(qtype, "max |logit error| / max |logit|", err / scale)
+    assert 0 < err <= 0.03 * scale
