@@ -169,8 +169,9 @@ class Int4Linear:
                              "for the int4 kernel (a multiple of 16 is needed)")
         packed, scale_zero = [], []
         for start in range(0, self.out_features, _PACK_ROWS):  # int32 copies stay small
-            chunk = AffineCodes(*(a[start:start + _PACK_ROWS] for a in (
-                codes.codes, codes.scale, codes.offset)), codes.bits, codes.group)
+            end = start + _PACK_ROWS
+            chunk = AffineCodes(codes.codes[start:end], codes.scale[start:end],
+                                codes.offset[start:end], codes.bits, codes.group)
             v, sz = chunk.planes()
             packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(v, 1))
             scale_zero.append(sz.to(torch.bfloat16))
