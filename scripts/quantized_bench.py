@@ -14,6 +14,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n",
@@ -26,7 +27,7 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * 4096 / 2 ** 20
 
 
-def one(model: str, fmt: str, tokens: int) -> dict:
+def one(model: str, fmt: str, tokens: int, ref: str | None) -> dict:
     import torch
 
     from prefixcache import LLM, SamplingParams
@@ -47,29 +48,51 @@ def one(model: str, fmt: str, tokens: int) -> dict:
         end = m.finished_time if m and m.finished_time else time.perf_counter()
         tpot.append((end - first) / max(1, len(out.outputs[0].token_ids) - 1) * 1e3)
         ids.append(out.outputs[0].token_ids)
-    return {"format": fmt, "resident_mb": round(resident, 1),
-            "tpot_ms": [round(min(tpot), 2), round(statistics.median(tpot), 2),
-                        round(max(tpot), 2)], "token_ids": ids}
+    row = {"format": fmt, "resident_mb": round(resident, 1),
+           "tpot_ms": [round(min(tpot), 2), round(statistics.median(tpot), 2),
+                       round(max(tpot), 2)], "token_ids": ids}
+    if ref:  # teacher-forced: this format's top-1 after each prefix of the float output
+        agree = total = 0
+        tok = llm.engine.tokenizer
+        assert tok is not None
+        for prompt, want in zip(PROMPTS, json.loads(open(ref).read())):
+            start = len(tok.encode(prompt))
+            out = llm.generate([{"prompt_token_ids": tok.encode(prompt) + want}],
+                               SamplingParams(max_tokens=1, temperature=0.0,
+                                              prompt_logprobs=1))[0]
+            for pos, t in enumerate(want[1:], start + 1):
+                d = out.prompt_logprobs[pos]
+                top = max(d.items(), key=lambda kv: kv[1].logprob)[0]
+                agree += top == t
+                total += 1
+        row["teacher_forced_top1_agreement_pct"] = round(100 * agree / total, 1)
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct-q4_1")
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--formats", default="none,auto,int4,int8,none/bfloat16")
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--ref", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.model, args.one, args.tokens)))
+        print(json.dumps(one(args.model, args.one, args.tokens, args.ref)))
         return
-    rows = []
-    for fmt in args.formats.split(","):
+    rows: list[dict] = []
+    ref = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    for fmt in args.formats.split(","):  # "none" first: the others are compared with it
+        extra = ["--ref", ref.name] if rows else []
         out = subprocess.run([sys.executable, __file__, "--model", args.model, "--tokens",
-                              str(args.tokens), "--one", fmt], capture_output=True, text=True,
-                             check=True)
+                              str(args.tokens), "--one", fmt, *extra], capture_output=True,
+                             text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}),
               file=sys.stderr, flush=True)
+        if len(rows) == 1:
+            ref.write(json.dumps(rows[0]["token_ids"]))
+            ref.close()
     ref = next((r for r in rows if r["format"] == "none"), rows[0])
     for r in rows:
         same = total = 0
