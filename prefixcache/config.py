@@ -27,6 +27,8 @@ DEFAULT_DISK_CACHE_BYTES = 8 << 30
 # prefixcache.cache.hashing.DEFAULT_ROOT_SEED (a test checks it).
 DEFAULT_HASH_ROOT_SEED = "prefixcache/v1"
 HASH_SEED_ENV = "PREFIXCACHE_HASH_SEED"
+# The compute backends a model may run on (prefixcache.model.loader.make_backend).
+COMPUTE_BACKENDS = ("auto", "torch", "cpu", "cpu-kernels")
 
 
 # --quantization: how linear weights are held (prefixcache.model.quantize)
@@ -110,6 +112,8 @@ class EngineConfig:
             ``auto`` keeps a GGUF file's quantized layout (others float), ``none`` float in
             ``dtype``, ``int4``/``int8`` weight-only codes per 32 input columns
             (:mod:`prefixcache.model.quantize`).
+        compute_backend: the model's compute backend, chosen once at load (one of
+            :data:`COMPUTE_BACKENDS`; ``cpu`` and ``cpu-kernels`` need a CPU ``device``).
         deterministic: batch-invariant arithmetic; cold and warm runs are bit-identical.
         seed: seed of the engine's generator (unseeded sampling).
         shuffle_seed: start the page free list shuffled (non-contiguous pages; tests).
@@ -182,6 +186,10 @@ class EngineConfig:
     quantization: str = field(default="auto", metadata=_opt(
         "linear weights: auto (a GGUF file stays quantized), none (float), int4 or int8 "
         "(weight-only, group size 32)"))
+    compute_backend: str = field(default="auto", metadata=_opt(
+        "the model's compute backend, chosen once at load: " + ", ".join(COMPUTE_BACKENDS)
+        + " (auto: torch off the CPU; on the CPU, the C++ kernels where the CPU has "
+        "AVX-512F)"))
     deterministic: bool = field(default=False, metadata=_opt(
         "batch-invariant arithmetic: cold and warm runs are bit-identical"))
     seed: int = field(default=0, metadata=_opt("seed of the engine's generator "
@@ -255,6 +263,8 @@ class EngineConfig:
         self.dtype = dtype_name(self.dtype)
         need(self.quantization in QUANTIZATION_MODES, "quantization",
              f"must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
+        need(self.compute_backend in COMPUTE_BACKENDS, "compute_backend",
+             f"must be one of {', '.join(COMPUTE_BACKENDS)}, got {self.compute_backend!r}")
         need(self.cache_aware_window_s >= 0, "cache_aware_window_s", "must be >= 0")
         need(self.max_waiting_requests is None or self.max_waiting_requests >= 1,
              "max_waiting_requests", f"must be >= 1 (0 would refuse every request), got "
@@ -290,6 +300,8 @@ class EngineConfig:
              f"must be cpu, cuda or cuda:N, got {self.device!r}")
         need(dev.type != "cuda" or torch.cuda.is_available(), "device",
              f"{self.device!r} asked for, but this torch build or machine has no CUDA")
+        need(dev.type == "cpu" or self.compute_backend in ("auto", "torch"), "compute_backend",
+             f"{self.compute_backend!r} runs on the CPU only, not on {self.device!r}")
         need(self.kv_store_ttl_s > 0, "kv_store_ttl_s", f"must be > 0, got {self.kv_store_ttl_s}")
         need(self.kv_store_timeout_s > 0, "kv_store_timeout_s",
              f"must be > 0, got {self.kv_store_timeout_s}")

@@ -14,12 +14,11 @@ ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
 from prefixcache.bench import decode_perf
-from prefixcache.model.kernels import build
+from prefixcache.model.cpu.kernels import build
 from prefixcache.model.loader import load_model
 
 
@@ -33,8 +32,8 @@ def main() -> None:
         build.CFLAGS[:] = ["-O3", "-march=x86-64-v3", "-mtune=native", "-fopenmp-simd",
                            "-ffast-math"]
     torch.set_num_threads(1)
-    os.environ["PREFIXCACHE_CPU_KERNELS"] = "1"  # the A/B flips it; "1" builds here
-    model = load_model(args.model, "cpu", torch.float32).model
+    # the A/B runs it on the CPU backend with and without the kernels
+    model = load_model(args.model, "cpu", torch.float32, compute_backend="cpu-kernels").model
     rows = decode_perf.cpu_kernels_ab(model, repeats=args.repeats)
     if not rows:
         raise SystemExit(f"the CPU kernels did not build: {build.failure()}")

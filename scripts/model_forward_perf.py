@@ -22,10 +22,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from prefixcache.config import COMPUTE_BACKENDS  # noqa: E402
 from prefixcache.model.config import ModelConfig  # noqa: E402
 from prefixcache.model.deterministic import forward_deterministic  # noqa: E402
 from prefixcache.model.forward_batch import ForwardBatch, SeqChunk  # noqa: E402
 from prefixcache.model.llama import PagedLlama  # noqa: E402
+from prefixcache.model.loader import make_backend  # noqa: E402
 from prefixcache.model.weights import load_hf_weights  # noqa: E402
 
 
@@ -53,6 +55,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-deterministic", action="store_true")
+    ap.add_argument("--compute-backend", default="auto", choices=COMPUTE_BACKENDS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -65,7 +68,7 @@ def main() -> None:
                      max_position_embeddings=4096)
     hf = LlamaForCausalLM(hc).to(dtype).eval()
     cfg = ModelConfig.from_dict({**hc.to_dict(), "architectures": ["LlamaForCausalLM"]})
-    ours = PagedLlama(cfg, "cpu", dtype)
+    ours = PagedLlama(cfg, "cpu", dtype, make_backend(args.compute_backend, "cpu", dtype))
     load_hf_weights(ours, hf.state_dict().__getitem__)
     bs, n, tail = 16, 2048, 64
     pages = list(range(n // bs + 8))

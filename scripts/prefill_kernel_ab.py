@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
-from prefixcache.model.kernels.build import CFLAGS, HEADERS, SOURCES
+from prefixcache.model.cpu.kernels.build import CFLAGS, HEADERS, SOURCES
 
 CASES = [(8, 4, 2048, 0), (9, 3, 2048, 0), (8, 8, 2048, 0), (8, 1, 2048, 0),
          (8, 4, 64, 1984), (9, 3, 64, 1984), (8, 4, 512, 1536), (9, 3, 1024, 3072)]
@@ -37,9 +37,14 @@ def build(rev: str, root: Path):
     d = root / sha
     d.mkdir(parents=True, exist_ok=True)
     for f in (*SOURCES, *HEADERS):
-        src = subprocess.run(["git", "show", f"{rev}:prefixcache/model/kernels/{f.name}"],
-                             capture_output=True, text=True, check=True).stdout
-        (d / f.name).write_text(src)
+        for where in ("prefixcache/model/cpu/kernels", "prefixcache/model/kernels"):  # moved
+            got = subprocess.run(["git", "show", f"{rev}:{where}/{f.name}"],
+                                 capture_output=True, text=True)
+            if got.returncode == 0:
+                break
+        else:
+            raise SystemExit(f"{rev}: no kernel source {f.name}")
+        (d / f.name).write_text(got.stdout)
     return sha, cpp_extension.load(name=f"prefill_ab_{sha}",
                                    sources=[str(d / f.name) for f in SOURCES],
                                    extra_cflags=CFLAGS, build_directory=str(d), verbose=False)

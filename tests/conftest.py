@@ -14,9 +14,10 @@ import os
 
 import pytest
 
-# The CPU kernels run in every test on every CPU (their default, ``auto``, uses them only
-# where AVX-512F is; tests/model/test_kernel_isa_gate.py checks that choice), so the suite
-# checks the same code paths on an AVX2 machine as on an AVX-512 one.
+# The CPU kernels run in every test on every CPU: compute backend ``auto`` (the default)
+# reads this once per model load and picks ``cpu-kernels`` (without it, only where AVX-512F
+# is; tests/model/test_kernel_isa_gate.py checks that choice), so the suite checks the same
+# code paths on an AVX2 machine as on an AVX-512 one.
 os.environ.setdefault("PREFIXCACHE_CPU_KERNELS", "1")
 
 from helpers.data import data_root, shared_data  # noqa: E402, F401  (re-exported)

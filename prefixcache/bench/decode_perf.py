@@ -27,21 +27,19 @@ warm-up; the median and the spread (min-max) are reported:
 * ``split_ab``: the same steps after a prefix with the kernel off, the chunk's attention
   split at the cached prefix (the CPU path without the kernel) against one masked call.
 * ``huge_pages_ab``: decode steps of 1 and 8 sequences at 1k and of 1 at 8k with the
-  weights on transparent huge pages (:mod:`prefixcache.model.host_memory`,
-  the default) against 4 KiB pages (``PREFIXCACHE_HUGE_PAGES=0``): two copies of the
+  weights on transparent huge pages (:mod:`prefixcache.model.cpu.host_memory`,
+  the default) against 4 KiB pages (a CPU backend with ``huge_pages`` off): two copies of the
   model, loaded one under each setting.
 * ``packed_ab``: decode steps of 1, 4 and 8 sequences at 1k context with the decoder's
-  linear layers prepacked for oneDNN (:class:`~prefixcache.model.packed_linear.
+  linear layers prepacked for oneDNN (:class:`~prefixcache.model.cpu.packed_linear.
   PackedLinear`, the default) against plain ``F.linear`` (packing switched off).
 """
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -171,9 +169,11 @@ def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
     """Rows ``{seqs, packed: {median, min, max}, f_linear: {...}, ratio: {...}}``: step
     seconds with the decoder's projections packed or not (the weight-streaming kernel of
     1-8 rows off in both), and the paired ratio ``f_linear / packed`` of each round (> 1:
-    packing is faster)."""
-    projs = [p for layer in model.decoder_layers
-             for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+    packing is faster). Empty unless the model runs on the CPU backend."""
+    base = _cpu_backend(model)
+    if base is None:
+        return []
+    projs = [p for layer in model.decoder_layers for p in layer.linears()]
     enabled = [p.enabled for p in projs]
     per = -(-ctx // bs)
     kv = _random_pool(model, max(seqs) * per + 1, bs)
@@ -186,8 +186,8 @@ def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
             p.enabled = e and on
         model(b, kv)
     try:
-        with torch.inference_mode(), _env("PREFIXCACHE_SMALL_GEMM") as small:
-            small(False)
+        model.set_backend(base.replace(small_gemm=False))
+        with torch.inference_mode():
             for n in seqs:
                 b = _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device)
                 rows.append({"seqs": n, **_paired(partial(run, b, True), partial(run, b, False),
@@ -195,37 +195,39 @@ def packed_ab(model, seqs=(1, 4, 8), ctx: int = 1024, repeats: int = 5,
     finally:
         for p, e in zip(projs, enabled):
             p.enabled = e
+        model.set_backend(base)
     return rows
 
 
-@contextmanager
-def _env(name: str):
-    """Yield a setter of environment variable ``name`` (``"1"``/``"0"``); its value
-    before is restored on exit."""
-    before = os.environ.get(name)
-    try:
-        yield lambda on: os.environ.__setitem__(name, "1" if on else "0")
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+def _cpu_backend(model):
+    """The model's :class:`CpuKernelBackend`, or None when it runs on another backend."""
+    from prefixcache.model.cpu.backend import CpuKernelBackend
+
+    b = model.backend
+    return b if isinstance(b, CpuKernelBackend) else None
 
 
-def _switch_ab(model, var: str, steps, repeats: int, names: tuple[str, str]) -> list[dict]:
-    """Paired rounds of one model step with environment switch ``var`` on (``names[0]``)
-    and off (``names[1]``), for each ``(label, (batch, kv))`` of ``steps`` (built one at
-    a time, so one pool is alive); rows ``{**label, names[0]: ..., names[1]: ...,
-    ratio: ...}``. ``var`` is restored after."""
+def _switch_ab(model, backends: tuple, steps, repeats: int, names: tuple[str, str]
+               ) -> list[dict]:
+    """Paired rounds of one model step on ``backends[0]`` (``names[0]``) and
+    ``backends[1]`` (``names[1]``), for each ``(label, (batch, kv))`` of ``steps`` (built
+    one at a time, so one pool is alive); rows ``{**label, names[0]: ..., names[1]: ...,
+    ratio: ...}``. The model's backend is restored after."""
     rows = []
-    with _env(var) as switch, torch.inference_mode():
-        def run(b, kv, on: bool):
-            switch(on)
-            model(b, kv)
-        for label, (b, kv) in steps:
-            rows.append({**label, **_paired(partial(run, b, kv, True),
-                                            partial(run, b, kv, False), repeats, names)})
-            del kv
+    before = model.backend
+
+    def run(b, kv, backend):
+        model.set_backend(backend)
+        model(b, kv)
+    try:
+        with torch.inference_mode():
+            for label, (b, kv) in steps:
+                rows.append({**label, **_paired(partial(run, b, kv, backends[0]),
+                                                partial(run, b, kv, backends[1]), repeats,
+                                                names)})
+                del kv
+    finally:
+        model.set_backend(before)
     return rows
 
 
@@ -237,46 +239,61 @@ def _decode_step(model, n: int, ctx: int, bs: int):
     return _decode_batch(n, ctx, pages, bs, model.config.vocab_size, model.device), kv
 
 
-def _steps_ab(model, var: str, names: tuple[str, str], decode_cases, prefill_cases,
+def _steps_ab(model, backends: tuple, names: tuple[str, str], decode_cases, prefill_cases,
               repeats: int, bs: int) -> list[dict]:
-    """:func:`_switch_ab` of ``var`` over decode steps ``{seqs, ctx}`` and prefill steps
-    ``{new, ctx}`` (each built when its turn comes)."""
+    """:func:`_switch_ab` of ``backends`` over decode steps ``{seqs, ctx}`` and prefill
+    steps ``{new, ctx}`` (each built when its turn comes)."""
     steps = [*(({"seqs": n, "ctx": ctx}, partial(_decode_step, model, n, ctx, bs))
                for n, ctx in decode_cases),
              *(({"new": new, "ctx": ctx}, partial(_prefill_step, model, new, ctx, bs))
                for new, ctx in prefill_cases)]
-    return _switch_ab(model, var, ((label, make()) for label, make in steps), repeats, names)
+    return _switch_ab(model, backends, ((label, make()) for label, make in steps), repeats,
+                      names)
+
+
+def _switch_pair(model, switch: str) -> tuple | None:
+    """The model's CPU backend with ``switch`` on and off, or None when it does not run
+    on the CPU backend or the switch cannot be on (kernels not built, fused ops not
+    bit-identical here)."""
+    base = _cpu_backend(model)
+    if base is None:
+        return None
+    on, off = base.replace(**{switch: True}), base.replace(**{switch: False})
+    return (on, off) if getattr(on, switch) else None
 
 
 def kernel_ab(model, cases=((1, 1024), (8, 1024), (1, 8192), (8, 4096)),
               repeats: int = 5, bs: int = 16) -> list[dict]:
     """Rows ``{seqs, ctx, in_place: {median, min, max}, gathered: {...}, ratio: {...}}``:
     decode step seconds with attention reading pages in place (the CPU kernel of
-    :mod:`prefixcache.model.kernels.paged_decode`, the default) or gathering them into a
-    copy for SDPA (``PREFIXCACHE_DECODE_KERNEL=0``), and the paired ratio ``gathered /
-    in_place`` of each round (> 1: in place is faster). Empty when the kernel is
-    unavailable (not built, or not a CPU model)."""
-    from prefixcache.model.kernels import paged_decode
-
-    if model.device.type != "cpu" or paged_decode.load() is None:
+    :mod:`prefixcache.model.cpu.kernels.paged_decode`, the default) or gathering them into a
+    copy for SDPA (the CPU backend's ``decode_kernel`` switch off), and the paired ratio
+    ``gathered / in_place`` of each round (> 1: in place is faster). Empty when the
+    kernel is unavailable (not built, or not a CPU model)."""
+    pair = _switch_pair(model, "decode_kernel")
+    if pair is None:
         return []
-    return _steps_ab(model, "PREFIXCACHE_DECODE_KERNEL", ("in_place", "gathered"), cases, (),
-                     repeats, bs)
+    return _steps_ab(model, pair, ("in_place", "gathered"), cases, (), repeats, bs)
 
 
 def cpu_kernels_ab(model, decode_cases=((1, 512), (4, 1024)),
                    prefill_cases=((2048, 2048), (64, 2048)), repeats: int = 5,
                    bs: int = 16) -> list[dict]:
     """Rows as :func:`kernel_ab` (decode ``{seqs, ctx}``, prefill ``{new, ctx}``): whole
-    steps with all the CPU kernels (``kernels``) against torch ops only (``torch_ops``,
-    ``PREFIXCACHE_CPU_KERNELS=0``), and the paired ratio ``torch_ops / kernels`` (> 1: the
-    kernels are faster). Empty when the kernels are unavailable."""
-    from prefixcache.model.kernels import build
+    steps with all the CPU kernels (``kernels``, compute backend ``cpu-kernels``) against
+    torch ops only (``torch_ops``, compute backend ``cpu``), and the paired ratio
+    ``torch_ops / kernels`` (> 1: the kernels are faster). Empty when the kernels are
+    unavailable."""
+    from prefixcache.model.cpu.backend import CpuKernelBackend
 
-    if model.device.type != "cpu" or build.load() is None:
+    base = _cpu_backend(model)
+    if base is None:
         return []
-    return _steps_ab(model, "PREFIXCACHE_CPU_KERNELS", ("kernels", "torch_ops"), decode_cases,
-                     prefill_cases, repeats, bs)
+    kernels = CpuKernelBackend(model.dtype, kernels=True)
+    if kernels.name != "cpu-kernels":
+        return []
+    return _steps_ab(model, (kernels, CpuKernelBackend(model.dtype, kernels=False)),
+                     ("kernels", "torch_ops"), decode_cases, prefill_cases, repeats, bs)
 
 
 def _prefill_step(model, new: int, ctx: int, bs: int):
@@ -301,47 +318,42 @@ def prefill_ab(model, cases=((2048, 2048), (256, 2048), (900, 7500)), repeats: i
     """Rows ``{new, ctx, in_place: {median, min, max}, torch: {...}, ratio: {...}}``: one
     prefill step of ``new`` tokens after ``ctx - new`` cached ones with the chunk's
     attention read in place by the CPU prefill kernel
-    (:mod:`prefixcache.model.kernels.paged_prefill`, the default) or by torch's SDPA
-    (``PREFIXCACHE_PREFILL_KERNEL=0``: causal flash for a cold prompt, the split of
+    (:mod:`prefixcache.model.cpu.kernels.paged_prefill`, the default) or by torch's SDPA
+    (the ``prefill_kernel`` switch off: causal flash for a cold prompt, the split of
     :func:`split_ab` after a prefix), and the paired ratio ``torch / in_place``. Empty
     when the kernel is unavailable."""
-    from prefixcache.model.kernels import paged_prefill
-
-    if model.device.type != "cpu" or paged_prefill.load() is None:
+    pair = _switch_pair(model, "prefill_kernel")
+    if pair is None:
         return []
-    return _steps_ab(model, "PREFIXCACHE_PREFILL_KERNEL", ("in_place", "torch"), (), cases,
-                     repeats, bs)
+    return _steps_ab(model, pair, ("in_place", "torch"), (), cases, repeats, bs)
 
 
 def fused_ab(model, decode_cases=((1, 1024), (8, 1024)), prefill_cases=((2048, 2048),),
              repeats: int = 5, bs: int = 16) -> list[dict]:
     """Rows ``{seqs, ctx}`` (decode) or ``{new, ctx}`` (prefill) with ``fused: {median,
     min, max}, torch: {...}, ratio: {...}``: one step with the decoder layer's
-    elementwise ops fused (:mod:`prefixcache.model.kernels.fused_ops`: RoPE and the KV
-    write, SiLU times up, RMSNorm's scaling; the default) or as torch ops
-    (``PREFIXCACHE_FUSED_OPS=0``), the same bits either way, and the paired ratio
+    elementwise ops fused (:mod:`prefixcache.model.cpu.kernels.fused_ops`: RoPE and the KV
+    write, SiLU times up, RMSNorm's scaling; the default) or as torch ops (the
+    ``fused_ops`` switch off), the same bits either way, and the paired ratio
     ``torch / fused``. Empty when the ops are unavailable."""
-    from prefixcache.model.kernels import fused_ops
-
-    if model.device.type != "cpu" or not fused_ops.available():
+    pair = _switch_pair(model, "fused_ops")
+    if pair is None:
         return []
-    return _steps_ab(model, "PREFIXCACHE_FUSED_OPS", ("fused", "torch"), decode_cases,
-                     prefill_cases, repeats, bs)
+    return _steps_ab(model, pair, ("fused", "torch"), decode_cases, prefill_cases, repeats,
+                     bs)
 
 
 def small_gemm_ab(model, decode_cases=((1, 1024), (4, 1024), (8, 1024)), repeats: int = 5,
                   bs: int = 16) -> list[dict]:
     """Rows ``{seqs, ctx, small: {median, min, max}, onednn: {...}, ratio: {...}}``: a
     decode step with the linears of 1-8 rows on the weight-streaming kernel
-    (:mod:`prefixcache.model.kernels.small_gemm`, the default) or on oneDNN's packed
-    kernel (``F.linear`` at one row; ``PREFIXCACHE_SMALL_GEMM=0``), and the paired ratio
+    (:mod:`prefixcache.model.cpu.kernels.small_gemm`, the default) or on oneDNN's packed
+    kernel (``F.linear`` at one row; the ``small_gemm`` switch off), and the paired ratio
     ``onednn / small``. Empty when the kernel is unavailable."""
-    from prefixcache.model.kernels import small_gemm
-
-    if model.device.type != "cpu" or small_gemm.load() is None:
+    pair = _switch_pair(model, "small_gemm")
+    if pair is None:
         return []
-    return _steps_ab(model, "PREFIXCACHE_SMALL_GEMM", ("small", "onednn"), decode_cases, (),
-                     repeats, bs)
+    return _steps_ab(model, pair, ("small", "onednn"), decode_cases, (), repeats, bs)
 
 
 def huge_pages_ab(model_dir: Path, dtype: str,
@@ -349,34 +361,34 @@ def huge_pages_ab(model_dir: Path, dtype: str,
                   bs: int = 16) -> list[dict]:
     """Rows ``{seqs, ctx, huge: {median, min, max}, small_pages: {...}, ratio: {...}}``: a
     decode step of the model loaded with its weights on huge pages (the default) and of a
-    second copy loaded with ``PREFIXCACHE_HUGE_PAGES=0``, and the paired ratio
+    second copy loaded on a CPU backend with ``huge_pages`` off, and the paired ratio
     ``small_pages / huge``. Only the weights differ (the KV pool is on 4 KiB pages for
     both): the heap (activations) is
     set up once per process, and is left unadvised for both when this is the process's
     first model load. Empty where no huge pages are advised (not Linux)."""
-    from prefixcache.model import host_memory
-    from prefixcache.model.loader import load_model
+    from prefixcache.model.cpu import host_memory
+    from prefixcache.model.loader import load_model, make_backend
 
     if not host_memory.huge_pages_enabled():
         return []
+    base = make_backend("auto", "cpu", getattr(torch, dtype))
+    if not hasattr(base, "replace"):
+        return []
     names = ("huge", "small_pages")
     models = {}
-    with _env("PREFIXCACHE_HUGE_PAGES") as switch:
-        # 4 KiB first: the process's one heap set-up (host_memory.keep_freed_memory) then
-        # leaves the heap unadvised, so that copy's weights do not land on huge pages
-        for name in reversed(names):
-            switch(name == "huge")
-            models[name] = load_model(str(model_dir), "cpu", getattr(torch, dtype)).model
-        rows = []
-        for n, ctx in decode_cases:
-            steps = {}
-            for name in names:
-                switch(name == "huge")
-                steps[name] = _decode_step(models[name], n, ctx, bs)
-            with torch.inference_mode():
-                huge, small = (partial(models[name], *steps[name]) for name in names)
-                rows.append({"seqs": n, "ctx": ctx, **_paired(huge, small, repeats, names)})
-            del steps
+    # 4 KiB first: the process's one heap set-up (host_memory.keep_freed_memory) then
+    # leaves the heap unadvised, so that copy's weights do not land on huge pages
+    for name in reversed(names):
+        backend = base.replace(huge_pages=name == "huge")
+        models[name] = load_model(str(model_dir), "cpu", getattr(torch, dtype),
+                                  compute_backend=backend).model
+    rows = []
+    for n, ctx in decode_cases:
+        steps = {name: _decode_step(models[name], n, ctx, bs) for name in names}
+        with torch.inference_mode():
+            huge, small = (partial(models[name], *steps[name]) for name in names)
+            rows.append({"seqs": n, "ctx": ctx, **_paired(huge, small, repeats, names)})
+        del steps
     return rows
 
 
@@ -385,29 +397,15 @@ def split_ab(model, cases=((256, 2048), (900, 7500)), repeats: int = 3,
     """Rows ``{new, ctx, split: {median, min, max}, masked: {...}, ratio: {...}}``: one
     prefill step of ``new`` tokens after ``ctx - new`` cached ones, with the prefill
     kernel off and the chunk's attention as two flash calls merged by log-sum-exp
-    (:func:`~prefixcache.model.attention.prefix_split_attention`, the CPU path without
+    (:func:`~prefixcache.model.cpu.backend.prefix_split_attention`, the CPU path without
     the kernel) or as one SDPA call with a ``[new, ctx]`` mask, and the paired ratio
-    ``masked / split``."""
-    from prefixcache.model import attention
-
-    before = attention.SPLIT_PREFIX
-    rows = []
-    try:
-        with _env("PREFIXCACHE_PREFILL_KERNEL") as kernel, torch.inference_mode():
-            kernel(False)
-
-            def run(b, kv, on: bool):
-                attention.SPLIT_PREFIX = on
-                model(b, kv)
-            for new, ctx in cases:
-                b, kv = _prefill_step(model, new, ctx, bs)
-                rows.append({"new": new, "ctx": ctx,
-                             **_paired(partial(run, b, kv, True), partial(run, b, kv, False),
-                                       repeats, ("split", "masked"))})
-                del kv
-    finally:
-        attention.SPLIT_PREFIX = before
-    return rows
+    ``masked / split``. Empty unless the model runs on the CPU backend."""
+    base = _cpu_backend(model)
+    if base is None:
+        return []
+    pair = (base.replace(prefill_kernel=False, split_prefix=True),
+            base.replace(prefill_kernel=False, split_prefix=False))
+    return _steps_ab(model, pair, ("split", "masked"), (), cases, repeats, bs)
 
 
 def bandwidth_gbs(repeats: int = 5) -> dict[str, dict]:
@@ -502,7 +500,7 @@ def suite_decode(model_dir: Path, dtype: str, repeats: int) -> dict:
     prefill = prefill_ab(model, repeats=repeats)
     fused = fused_ab(model, repeats=max(repeats, 5))
     small = small_gemm_ab(model, repeats=max(repeats, 5))
-    split = split_ab(model, repeats=repeats) if model.device.type == "cpu" else []
+    split = split_ab(model, repeats=repeats)
     huge = huge_pages_ab(model_dir, dtype, repeats=max(repeats, 5))
     bw = bandwidth_gbs()
     steps = {}

@@ -19,7 +19,13 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from prefixcache.config import GIB, EngineConfig, dtype_name, over_physical_ram
+from prefixcache.config import (
+    COMPUTE_BACKENDS,
+    GIB,
+    EngineConfig,
+    dtype_name,
+    over_physical_ram,
+)
 from prefixcache.config import physical_ram_bytes as physical_ram_bytes  # re-exported
 
 
@@ -170,6 +176,8 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
             kw["type"], kw["dest"], default = kind, _dest(flag), default / scale
         elif f.name == "dtype":
             kw["type"], kw["metavar"] = _dtype_arg, "DTYPE"
+        elif f.name == "compute_backend":
+            kw["type"], kw["choices"], kw["metavar"] = str, COMPUTE_BACKENDS, "BACKEND"
         else:
             kw["type"] = _TYPES[str(f.type).split(" |")[0]]
         kw.setdefault("metavar", unit.upper() if unit else

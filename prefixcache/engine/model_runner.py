@@ -108,7 +108,8 @@ class ModelRunner:
         self.num_pages = num_kv_pages(config, model_config)
         mc = model_config
         self.kv = KVPool(mc.num_hidden_layers, self.num_pages, self.block_size,
-                         mc.num_key_value_heads, mc.head_dim, config.torch_dtype, self.device)
+                         mc.num_key_value_heads, mc.head_dim, config.torch_dtype, self.device,
+                         zeros=getattr(getattr(model, "backend", None), "zeros", None))
         # Chosen once; the default one looks ``model.forward`` up per call, so a test can
         # wrap it (to inject a failure) after the engine is built.
         self.forward: Forward = (partial(forward_deterministic, model) if config.deterministic

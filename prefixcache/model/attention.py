@@ -1,24 +1,19 @@
-"""Paged attention of one step (default mode): the new queries against each sequence's
-context KV through its page table.
+"""Paged attention of one step (default mode): planning, and the plain-torch path.
 
 Decode tokens (one query each) are batched: the decoding sequences of a step are split,
 longest first, into groups of similar length (padding a group's page tables to its
 longest adds at most ``PAD_SLACK`` of the pages it holds, so one long context does not
-make every short one gather as many pages). On the CPU a group is one call of the paged
-decode kernel (:mod:`prefixcache.model.kernels.paged_decode`), which reads the pages in
-place; elsewhere (CUDA, or the kernel unavailable) its pages are gathered in one
+make every short one gather as many pages). Here a group's pages are gathered in one
 ``index_select`` and one SDPA call masks each row's keys beyond its context.
 
 Prefill chunks attend one sequence at a time (their shapes differ too much to pad
-cheaply). On the CPU, without a sliding window, a chunk is one call of the paged prefill
-kernel (:mod:`prefixcache.model.kernels.paged_prefill`), which reads the cached prefix and
-the chunk's own keys in place, causally. Otherwise: from position 0, causal SDPA over
-their own keys; after a cached prefix, on the CPU, two flash calls (the whole gathered
-prefix, then their own keys causally) merged by log-sum-exp
-(:func:`prefix_split_attention`); otherwise SDPA with a ``[q_len, ctx]`` mask.
+cheaply): from position 0, causal SDPA over their own keys; otherwise SDPA over the
+gathered context with a ``[q_len, ctx]`` mask.
 
 A step's plan (masks, padded page tables) is built once (on the device) and shared by
-every layer with the same sliding window.
+every layer with the same sliding window. The CPU backend
+(:mod:`prefixcache.model.cpu.backend`) plans some groups and chunks for its kernels
+(read in place) or for the prefix split, and runs the rest through this module.
 """
 from __future__ import annotations
 
@@ -28,8 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from prefixcache.model.forward_batch import SeqChunk
-from prefixcache.model.kernels import paged_decode as decode_kernel
-from prefixcache.model.kernels import paged_prefill as prefill_kernel
 from prefixcache.model.kv_pool import KVPool
 
 
@@ -43,7 +36,7 @@ class SeqAttention:
             keys); keys ``[key_start, ctx_len)`` are gathered.
         causal: the chunk starts at position 0 and attends causally (no explicit mask).
         mask: bool ``[q_len, ctx_len - key_start]`` (True = attend) or ``None``.
-        split: a CPU chunk after a cached prefix (new x prefix tokens >= ``SPLIT_MIN_WORK``),
+        split: a chunk after a cached prefix (new x prefix tokens >= the plan's ``split_min_work``),
             no window: attended by
             :func:`prefix_split_attention` (no mask is built; :func:`causal_mask` gives
             it where that path cannot serve).
@@ -96,11 +89,6 @@ class AttentionPlan:
 
 
 PAD_SLACK = 0.25
-SPLIT_PREFIX = True  # CPU chunks after a prefix use prefix_split_attention (False: masked)
-# ... when new tokens x prefix tokens reach this: below it one masked call is faster (16 new
-# over 512: 0.26 against 0.33 ms per layer; 40 over 520: 0.64 against 0.89 ms; equal at
-# 64 over 1k; the split is 1.2x faster at 128 over 2k and 1.33x at 64 over 6k; 1 thread)
-SPLIT_MIN_WORK = 1 << 16
 
 
 def decode_groups(seqs: list[SeqChunk]) -> list[list[SeqChunk]]:
@@ -141,17 +129,19 @@ def _plan_decode(seqs: list[SeqChunk], window: int | None, block_size: int,
 
 def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.device,
                    block_size: int | None = None, in_place: bool = False,
-                   prefill_in_place: bool = False) -> AttentionPlan:
+                   prefill_in_place: bool = False, split_min_work: int | None = None
+                   ) -> AttentionPlan:
     """Masks of a step for layers with attention window ``window`` (tokens, or ``None``).
 
     The query at position ``p`` sees keys ``j`` with ``j <= p`` and, with a window,
     ``j > p - window``. With ``block_size`` given, the decode rows of sequences whose
     keys are not all new are batched (:class:`DecodeGroup` per :func:`decode_groups`,
     even for one sequence: its grouped-query layout is faster than ``enable_gqa``).
-    ``in_place``: the step's decode groups are read by the decode kernel (see
-    :func:`decode_in_place`), so their gather masks are not built. ``prefill_in_place``:
-    chunks of two tokens or more are read by the prefill kernel (see
-    :func:`prefill_in_place`) when there is no window.
+    ``in_place``: the step's decode groups are read by a kernel in place (the CPU
+    backend's), so their gather masks are not built. ``prefill_in_place``: chunks of two
+    tokens or more are read by a prefill kernel in place when there is no window.
+    ``split_min_work``: a chunk after a cached prefix, no window, with new tokens x prefix
+    tokens at least this, is planned ``split`` (no mask built); None: never.
     """
     decode = [s for s in seqs if s.q_len == 1 and s.ctx_len > 1]
     groups = []
@@ -171,27 +161,13 @@ def plan_attention(seqs: list[SeqChunk], window: int | None, device: torch.devic
             # one query sees every gathered key; or plain causal from position 0
             plans.append(SeqAttention(s, key_start, s.q_len > 1, None))
             continue
-        if (window is None and device.type == "cpu" and SPLIT_PREFIX
-                and s.q_len * first >= SPLIT_MIN_WORK):
+        if (window is None and split_min_work is not None
+                and s.q_len * first >= split_min_work):
             plans.append(SeqAttention(s, 0, False, None, split=True))
             continue
         plans.append(SeqAttention(s, key_start, False, causal_mask(s, key_start, window,
                                                                   device)))
     return AttentionPlan(plans, groups)
-
-
-def decode_in_place(kv: KVPool, num_heads: int) -> bool:
-    """Whether a step's decode rows are read in place by the CPU kernel (decided once per
-    step: the pool's device, dtype and geometry, the switches, and the built kernel)."""
-    return (decode_kernel.supports(kv.k[0], num_heads) and decode_kernel.enabled()
-            and decode_kernel.load() is not None)
-
-
-def prefill_in_place(kv: KVPool, num_heads: int) -> bool:
-    """Whether a step's prefill chunks (no window) are read in place by the CPU prefill
-    kernel (decided once per step, as :func:`decode_in_place`)."""
-    return (prefill_kernel.supports(kv.k[0], num_heads) and prefill_kernel.enabled()
-            and prefill_kernel.load() is not None)
 
 
 def causal_mask(s: SeqChunk, key_start: int, window: int | None, device: torch.device
@@ -210,84 +186,48 @@ def causal_mask(s: SeqChunk, key_start: int, window: int | None, device: torch.d
 def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: KVPool,
                     layer: int, plan: AttentionPlan) -> torch.Tensor:
     """Attention output ``[T, num_heads * head_dim]`` for queries ``q [T, num_heads,
-    head_dim]`` (RoPE applied). The step's new KV (``k_new``/``v_new [T, kv_heads,
-    head_dim]``) must already be written to ``kv``; a sequence whose keys are all new
-    this step reads them directly instead of gathering them back from the pool.
-    Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads / kv_heads)``.
+    head_dim]`` (RoPE applied), gathering each sequence's context KV from its pages. The
+    step's new KV (``k_new``/``v_new [T, kv_heads, head_dim]``) must already be written to
+    ``kv``; a sequence whose keys are all new this step reads them directly instead of
+    gathering them back from the pool. Grouped-query attention: query head ``h`` reads KV
+    head ``h // (num_heads / kv_heads)``. The plan must have been built without kernels
+    (every decode group has its mask).
     """
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for g in plan.decode:
-        if g.mask is None:  # planned for the kernel (decode_in_place)
-            out[g.rows] = decode_kernel.paged_decode(
-                q[g.rows], kv.k[layer], kv.v[layer], g.page_table, g.ctx_lens, g.window,
-                q.shape[-1] ** -0.5)
-        else:
-            _decode_attention(q, kv, layer, g, out)
-    same_dtype = kv.k[layer].dtype == k_new.dtype
+        decode_group_attention(q, kv, layer, g, out)
     for p in plan.seqs:
-        s = p.seq
-        rows = slice(s.q_start, s.q_start + s.q_len)
-        fresh = s.ctx_len - s.q_len  # first position computed this step
-        if p.in_place:
-            prefill_kernel.paged_prefill(q[rows], kv.k[layer], kv.v[layer], s.page_table,
-                                         fresh, q.shape[-1] ** -0.5, out=out[rows])
-            continue
-        if same_dtype and p.key_start >= fresh:
-            k = k_new[s.q_start + p.key_start - fresh:rows.stop]
-            v = v_new[s.q_start + p.key_start - fresh:rows.stop]
-        elif p.split and same_dtype:
-            k, v = kv.gather_range(layer, s.page_table, 0, fresh)
-            out[rows] = prefix_split_attention(q[rows], k, v, k_new[rows], v_new[rows])
-            continue
-        else:
-            k, v = kv.gather_range(layer, s.page_table, p.key_start, s.ctx_len)
-            k, v = k.to(q.dtype), v.to(q.dtype)  # no-ops unless the pool has another dtype
-        o = F.scaled_dot_product_attention(
-            q[rows].transpose(0, 1).unsqueeze(0),     # [1, heads, q_len, d]
-            k.transpose(0, 1).unsqueeze(0),           # [1, kv_heads, keys, d]
-            v.transpose(0, 1).unsqueeze(0),
-            attn_mask=causal_mask(s, 0, None, q.device) if p.split else p.mask,
-            is_causal=p.causal, enable_gqa=True)
-        out[rows] = o[0].transpose(0, 1)
+        seq_attention(q, k_new, v_new, kv, layer, p, out)
     return out.flatten(1)
 
 
-def prefix_split_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,
-                           k_own: torch.Tensor, v_own: torch.Tensor) -> torch.Tensor:
-    """Attention of a prefill chunk after a cached prefix, ``[q_len, heads, d]``, as two
-    flash calls merged by their log-sum-exp instead of one call with a ``[q_len, ctx]``
-    mask: every query sees the whole prefix (no mask; the query heads of one KV head
-    become rows of one call, so no grouped-query expansion) and the chunk's own keys
-    causally. 1.27-1.47x faster than the masked call at 900 new tokens over 7.5k and
-    2,048 over 6k (CPU, 1 thread, ``benchmarks/speed/analysis.md``); equal results up to
-    float rounding (|diff| <= 2e-7 there).
-
-    Args:
-        q: ``[q_len, heads, d]`` (RoPE applied).
-        k_prefix, v_prefix: ``[prefix_len, kv_heads, d]``, prefix_len >= 1.
-        k_own, v_own: ``[q_len, kv_heads, d]``, the chunk's own keys and values.
-    """
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    n, heads, d = q.shape
-    kvh = k_prefix.shape[1]
-    group = heads // kvh
-    qh = q.transpose(0, 1).contiguous()                       # [heads, n, d]
-    a, lse_a = flash(qh.view(1, kvh, group * n, d),           # rows (g, i) per KV head
-                     k_prefix.transpose(0, 1).unsqueeze(0), v_prefix.transpose(0, 1).unsqueeze(0))
-    k_o = k_own.transpose(0, 1).repeat_interleave(group, 0).unsqueeze(0)
-    v_o = v_own.transpose(0, 1).repeat_interleave(group, 0).unsqueeze(0)
-    b, lse_b = flash(qh.unsqueeze(0), k_o, v_o, is_causal=True)
-    a, lse_a = a.reshape(heads, n, d), lse_a.reshape(heads, n, 1)
-    b, lse_b = b.reshape(heads, n, d), lse_b.reshape(heads, n, 1)
-    m = torch.maximum(lse_a, lse_b)
-    wa, wb = (lse_a - m).exp_(), (lse_b - m).exp_()
-    o = (a.float() * wa + b.float() * wb) / (wa + wb)
-    return o.to(q.dtype).transpose(0, 1)
+def seq_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, kv: KVPool,
+                  layer: int, p: SeqAttention, out: torch.Tensor) -> None:
+    """One sequence's attention by SDPA over its gathered keys (or its own new keys when
+    all are new): writes its rows of ``out [T, heads, d]``. A ``split`` plan runs here as
+    one call with a causal mask over the whole context."""
+    s = p.seq
+    rows = slice(s.q_start, s.q_start + s.q_len)
+    fresh = s.ctx_len - s.q_len  # first position computed this step
+    if kv.k[layer].dtype == k_new.dtype and p.key_start >= fresh:
+        k = k_new[s.q_start + p.key_start - fresh:rows.stop]
+        v = v_new[s.q_start + p.key_start - fresh:rows.stop]
+    else:
+        k, v = kv.gather_range(layer, s.page_table, p.key_start, s.ctx_len)
+        k, v = k.to(q.dtype), v.to(q.dtype)  # no-ops unless the pool has another dtype
+    o = F.scaled_dot_product_attention(
+        q[rows].transpose(0, 1).unsqueeze(0),     # [1, heads, q_len, d]
+        k.transpose(0, 1).unsqueeze(0),           # [1, kv_heads, keys, d]
+        v.transpose(0, 1).unsqueeze(0),
+        attn_mask=causal_mask(s, 0, None, q.device) if p.split else p.mask,
+        is_causal=p.causal, enable_gqa=True)
+    out[rows] = o[0].transpose(0, 1)
 
 
-def _decode_attention(q: torch.Tensor, kv: KVPool, layer: int, g: DecodeGroup,
+def decode_group_attention(q: torch.Tensor, kv: KVPool, layer: int, g: DecodeGroup,
                       out: torch.Tensor) -> None:
-    """One SDPA call for a :class:`DecodeGroup`; writes its rows of ``out``."""
+    """One SDPA call for a :class:`DecodeGroup` (gathered pages, masked); writes its rows
+    of ``out [T, heads, d]``."""
     b, pages = g.page_table.shape
     k, v = kv.gather_pages(layer, g.page_table.reshape(-1))
     # [B * P, bs, kvh, d] -> [B, kvh, P * bs, d]

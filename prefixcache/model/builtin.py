@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from prefixcache.model.backend import ComputeBackend
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.weights import expected_hf_keys, load_hf_weights
@@ -102,9 +103,11 @@ def _hf_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def build_tiny_model(device: torch.device | str = "cpu",
-                     dtype: torch.dtype = torch.float32) -> PagedLlama:
-    """The builtin model on ``device`` in ``dtype`` (weights generated on CPU, then moved)."""
-    model = PagedLlama(tiny_config(), device, dtype)
+                     dtype: torch.dtype = torch.float32,
+                     backend: ComputeBackend | None = None) -> PagedLlama:
+    """The builtin model on ``device`` in ``dtype`` (weights generated on CPU, then moved),
+    running on ``backend`` (default: plain torch)."""
+    model = PagedLlama(tiny_config(), device, dtype, backend)
     weights = tiny_weights()
     assert set(weights) == expected_hf_keys(model)
     load_hf_weights(model, weights.__getitem__)

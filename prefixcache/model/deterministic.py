@@ -139,20 +139,18 @@ def forward_deterministic(model: PagedLlama, batch: ForwardBatch, kv: KVPool
         los = [_key_lo(t.page_index, bs, w) for t in tiles]
         attn_geometry[w] = [(lo, _tile_mask(t, bs, lo, w, dev)) for lo, t in zip(los, tiles)]
 
-    fused = model.fused_ops()  # the same bits as torch's ops, in fewer passes
     for i, layer in enumerate(model.decoder_layers):
         queries = []
         for j, t in enumerate(tiles):
-            q, k, v = layer.qkv(x[j], *rope[j], fused=fused)
+            q, k, v = layer.qkv(x[j], *rope[j])
             kv.write(i, batch.slot_mapping[t.row:t.row + t.hi - t.lo], k[t.lo:t.hi], v[t.lo:t.hi])
             queries.append(q)
         for j, t in enumerate(tiles):
             key_lo, mask = attn_geometry[windows[i]][j]
-            x[j] = layer.finish(x[j], _tile_attention(queries[j], kv, i, t, key_lo, mask),
-                                fused)
+            x[j] = layer.finish(x[j], _tile_attention(queries[j], kv, i, t, key_lo, mask))
 
     flat = x.view(-1, cfg.hidden_size)
-    rows = [model.logits(flat[tile_slot[r]:tile_slot[r] + 1].clone(), fused)
+    rows = [model.logits(flat[tile_slot[r]:tile_slot[r] + 1].clone())
             for r in batch.logits_indices.tolist()]
     if not rows:
         return torch.empty(0, cfg.vocab_size, device=dev)

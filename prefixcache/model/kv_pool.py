@@ -10,9 +10,9 @@ leave and enter the pool (the KV tiers below it).
 """
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
 
-import prefixcache.model.host_memory as host_memory
+import torch
 
 
 class KVPool:
@@ -22,13 +22,21 @@ class KVPool:
         num_layers, num_pages, block_size, num_kv_heads, head_dim: pool geometry.
         dtype: storage dtype (the model's dtype).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``.
+        zeros: ``(shape, dtype, device) -> zeroed tensor``, the allocator of the pool's
+            layers (the model's compute backend's, :meth:`ComputeBackend.zeros`; default
+            ``torch.zeros``).
     """
 
     def __init__(self, num_layers: int, num_pages: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device | str):
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str,
+                 zeros: Callable[[tuple[int, ...], torch.dtype, torch.device | str],
+                                 torch.Tensor] | None = None):
         shape = (num_pages, block_size, num_kv_heads, head_dim)
-        self.k = [host_memory.zeros(shape, dtype, device) for _ in range(num_layers)]
-        self.v = [host_memory.zeros(shape, dtype, device) for _ in range(num_layers)]
+        if zeros is None:
+            zeros = lambda shape, dtype, device: torch.zeros(shape, dtype=dtype,  # noqa: E731
+                                                             device=device)
+        self.k = [zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [zeros(shape, dtype, device) for _ in range(num_layers)]
         self.num_pages = num_pages
         self.block_size = block_size
         self.dtype = dtype

@@ -15,16 +15,13 @@ the :class:`KVPool`; the engine's model runner picks one per engine:
 * deterministic (:func:`prefixcache.model.deterministic.forward_deterministic`):
   batch-invariant tiles; cost figures are in ``benchmarks/``.
 
-On the CPU (float32), RoPE with the KV write, SiLU times up and RMSNorm's scaling run as
-fused ops that return torch's bits (:mod:`prefixcache.model.kernels.fused_ops`), and
-linears of 1-8 rows as a weight-streaming kernel (:mod:`~prefixcache.model.kernels.
-small_gemm`, via :class:`PackedLinear`).
-
-Limits: on the CPU, attention reads the KV pages in place (the paged decode and prefill
-kernels of :mod:`prefixcache.model.kernels`); elsewhere, or for sliding-window layers'
-prefill chunks, each sequence's context KV is gathered (copied) from its pages once per
-layer. Sliding windows are applied by masking: all KV is kept, so outputs stay exact with
-prefix caching.
+Every op with more than one implementation (linears, RMSNorm, RoPE with the KV write,
+SiLU times up, attention, where tensors are placed) goes through the model's
+:class:`~prefixcache.model.backend.ComputeBackend`, chosen once at load: plain torch (the
+CUDA path: each sequence's context KV is gathered from its pages once per layer), or the
+CPU backend (:mod:`prefixcache.model.cpu.backend`: KV read in place by the paged kernels,
+exact fused ops, small GEMM, prepacked linears, huge pages). Sliding windows are applied
+by masking: all KV is kept, so outputs stay exact with prefix caching.
 """
 from __future__ import annotations
 
@@ -34,37 +31,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import prefixcache.model.host_memory as host_memory
-from prefixcache.model.attention import (
-    decode_in_place,
-    paged_attention,
-    plan_attention,
-    prefill_in_place,
-)
+from prefixcache.model.backend import Allocator, ComputeBackend, TorchBackend
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.forward_batch import ForwardBatch
-from prefixcache.model.kernels import fused_ops
 from prefixcache.model.kv_pool import KVPool
-from prefixcache.model.packed_linear import PackedLinear
-from prefixcache.model.quantized_linear import AffineCodes, Int4Linear
-from prefixcache.model.rope import RotaryEmbedding, apply_rope
+from prefixcache.model.quantized_linear import AffineCodes
+from prefixcache.model.rope import RotaryEmbedding
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool = False
-             ) -> torch.Tensor:
-    """RMSNorm over the last dimension, computed in float32, returned in ``x.dtype``.
-    ``fused``: the scaling runs as the exact fused CPU op (float32 rows, see
-    :meth:`PagedLlama.fused_ops`), the same bits in one pass."""
-    x32 = x.float()
-    r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    if fused:
-        return fused_ops.rms_apply(x32, r, weight)
-    return (x32 * r).to(x.dtype).mul_(weight)  # a new tensor either way: x is never written
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, computed in float32, returned in ``x.dtype`` (the
+    plain-torch op, :meth:`ComputeBackend.rms_norm`)."""
+    return TorchBackend().rms_norm(x, weight, eps)
 
 
-def _param(*shape: int, device, dtype, arena: host_memory.HugePageArena | None = None
+def _param(alloc: Allocator, *shape: int, device: torch.device, dtype: torch.dtype
            ) -> nn.Parameter:
-    return nn.Parameter(host_memory.empty(shape, dtype, device, arena), requires_grad=False)
+    return nn.Parameter(alloc(shape, dtype, device), requires_grad=False)
 
 
 class DecoderLayer(nn.Module):
@@ -76,13 +59,14 @@ class DecoderLayer(nn.Module):
         None; post_norm ``[hidden]``; gate_up_weight ``[2 * intermediate, hidden]`` (gate
         rows first), gate_up_bias or None; down_weight ``[hidden, intermediate]``,
         down_bias or None. ``qkv_proj``, ``o_proj``, ``gate_up_proj``, ``down_proj``: the
-        same weights as :class:`PackedLinear` (prepacked for steps of two rows or more).
+        backend's handles of the same weights (:meth:`ComputeBackend.prepare_linear`).
+        backend: the model's compute backend (:meth:`PagedLlama.set_backend`).
     """
 
-    def __init__(self, cfg: ModelConfig, device, dtype,
-                 arena: host_memory.HugePageArena | None = None):
+    def __init__(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 backend: ComputeBackend, alloc: Allocator):
         super().__init__()
-        p = lambda *shape: _param(*shape, device=device, dtype=dtype, arena=arena)  # noqa: E731
+        p = lambda *shape: _param(alloc, *shape, device=device, dtype=dtype)  # noqa: E731
         h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
         self.input_norm = p(h)
@@ -95,55 +79,45 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = p(2 * i) if cfg.mlp_bias else None
         self.down_weight = p(h, i)
         self.down_bias = p(h) if cfg.mlp_bias else None
-        # multi-row steps use oneDNN-prepacked weights (packed on first use)
-        self.qkv_proj: PackedLinear | Int4Linear = PackedLinear(self.qkv_weight, self.qkv_bias)
-        self.o_proj: PackedLinear | Int4Linear = PackedLinear(self.o_weight, self.o_bias)
-        self.gate_up_proj: PackedLinear | Int4Linear = PackedLinear(self.gate_up_weight,
-                                                                    self.gate_up_bias)
-        self.down_proj: PackedLinear | Int4Linear = PackedLinear(self.down_weight, self.down_bias)
+        self.backend = backend
+        self.qkv_proj = backend.prepare_linear(self.qkv_weight, self.qkv_bias)
+        self.o_proj = backend.prepare_linear(self.o_weight, self.o_bias)
+        self.gate_up_proj = backend.prepare_linear(self.gate_up_weight, self.gate_up_bias)
+        self.down_proj = backend.prepare_linear(self.down_weight, self.down_bias)
         self.q_size = cfg.num_attention_heads * d
         self.kv_size = cfg.num_key_value_heads * d
         self.head_dim = d
         self.eps = cfg.rms_norm_eps
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False
+    def linears(self) -> list[object]:
+        """The layer's linear handles: q/k/v, output, gate/up, down."""
+        return [self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj]
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Normed, projected, rotated q ``[N, heads, d]``, k and v ``[N, kv_heads, d]``
         for residual stream ``x [N, hidden]`` and RoPE ``cos``/``sin [N, d]``."""
-        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps, fused))
-        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
-        qk = apply_rope(qk.unflatten(-1, (-1, self.head_dim)), cos, sin)  # q and k together
-        q, k = qk.split([self.q_size // self.head_dim, self.kv_size // self.head_dim], dim=1)
-        return q, k, v.unflatten(-1, (-1, self.head_dim))
+        b = self.backend
+        qkv = b.linear(b.rms_norm(x, self.input_norm, self.eps), self.qkv_proj)
+        return b.rope(qkv, cos, sin, self.q_size // self.head_dim, self.head_dim)
 
     def qkv_write(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVPool,
-                  layer: int, slot_mapping: torch.Tensor, fused: bool = False
+                  layer: int, slot_mapping: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`qkv`, and the k and v of every row written to ``kv`` layer ``layer`` at
-        ``slot_mapping [N]``; with ``fused`` (see :meth:`PagedLlama.fused_ops`) RoPE and
-        the write are one pass over the projection, in place."""
-        if not fused:
-            q, k, v = self.qkv(x, cos, sin)
-            kv.write(layer, slot_mapping, k, v)
-            return q, k, v
-        qkv = self.qkv_proj(rms_norm(x, self.input_norm, self.eps, fused))
-        d = self.head_dim
-        fused_ops.rope_write(qkv, cos, sin, self.q_size // d, slot_mapping, kv.k[layer],
-                             kv.v[layer])
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        return (q.unflatten(-1, (-1, d)), k.unflatten(-1, (-1, d)),
-                v.unflatten(-1, (-1, d)))
+        ``slot_mapping [N]``."""
+        b = self.backend
+        qkv = b.linear(b.rms_norm(x, self.input_norm, self.eps), self.qkv_proj)
+        return b.rope_write(qkv, cos, sin, self.q_size // self.head_dim, self.head_dim, kv,
+                            layer, slot_mapping)
 
-    def finish(self, x: torch.Tensor, attn: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after the layer: ``x [N, hidden]`` plus the output projection of
-        ``attn [N, heads * d]``, then plus the SwiGLU MLP (``fused``: RMSNorm's scaling and
-        SiLU times up as the exact fused ops)."""
-        x = self.o_proj(attn, residual=x)
-        gate_up = self.gate_up_proj(rms_norm(x, self.post_norm, self.eps, fused))
-        if fused:
-            return self.down_proj(fused_ops.silu_mul(gate_up), residual=x)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up), residual=x)
+        ``attn [N, heads * d]``, then plus the SwiGLU MLP."""
+        b = self.backend
+        x = b.linear(attn, self.o_proj, residual=x)
+        gate_up = b.linear(b.rms_norm(x, self.post_norm, self.eps), self.gate_up_proj)
+        return b.linear(b.silu_mul(gate_up), self.down_proj, residual=x)
 
 
 class PagedLlama(nn.Module):
@@ -154,6 +128,8 @@ class PagedLlama(nn.Module):
         device, dtype: where and in which float type (float32, bfloat16, float16) the
             weights live and the arithmetic runs. Parameters are uninitialised; fill them
             with :func:`prefixcache.model.weights.load_hf_weights`.
+        backend: the compute backend (default :class:`TorchBackend`); the loader picks it
+            once (:func:`prefixcache.model.loader.make_backend`).
 
     Attributes:
         embed ``[vocab, hidden]``, layers (typed: :attr:`decoder_layers`), norm ``[hidden]``,
@@ -161,23 +137,23 @@ class PagedLlama(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, backend: ComputeBackend | None = None):
         super().__init__()
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
-        # CPU weights on huge pages (host_memory): a one-row decode step reads them all
-        arena = host_memory.HugePageArena()
-        p = lambda *shape: _param(*shape, device=self.device, dtype=dtype, arena=arena)  # noqa: E731
+        self.backend = backend = backend or TorchBackend()
+        alloc = backend.weight_allocator()
+        p = lambda *shape: _param(alloc, *shape, device=self.device, dtype=dtype)  # noqa: E731
         self.embed = p(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, self.device, dtype, arena)
+        self.layers = nn.ModuleList(DecoderLayer(config, self.device, dtype, backend, alloc)
                                     for _ in range(config.num_hidden_layers))
         self.norm = p(config.hidden_size)
         self.lm_head = self.embed if config.tie_word_embeddings else p(
             config.vocab_size, config.hidden_size)
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
                                     self.device)
-        self._lm_head: PackedLinear | Int4Linear = PackedLinear(self.lm_head)
+        self._lm_head = backend.prepare_linear(self.lm_head)
         # set (and ``embed`` emptied) when the embedding is kept as codes
         self.embed_codes: AffineCodes | None = None
 
@@ -187,18 +163,30 @@ class PagedLlama(nn.Module):
         ``nn.Module``s to a type checker)."""
         return cast(list[DecoderLayer], list(self.layers))
 
+    def set_backend(self, backend: ComputeBackend) -> None:
+        """Run on ``backend`` from now on. Its linear handles must be those of the current
+        backend (the A/B benchmarks switch between CPU backends with different kernel
+        switches); another kind of backend needs a model loaded for it."""
+        if type(backend).prepare_linear is not type(self.backend).prepare_linear:
+            raise ValueError(f"backend: {backend!r} prepares linears otherwise than "
+                             f"{self.backend!r}; load the model for it")
+        self.backend = backend
+        for layer in self.decoder_layers:
+            layer.backend = backend
+
     def prepack(self) -> int:
-        """Pack every :class:`PackedLinear` now (the loader calls it, so the first request
-        does not pay for it); returns how many are packed (0 off float32 CPU)."""
-        projs = [p for layer in self.decoder_layers
-                 for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
-        return sum(p.prepack() for p in [*projs, self._lm_head] if isinstance(p, PackedLinear))
+        """Finish every linear handle now (:meth:`ComputeBackend.finish_linear`: the CPU
+        backend packs its weights; the loader calls it after the weights are filled, so the
+        first request does not pay for it); returns how many did something."""
+        handles = [h for layer in self.decoder_layers for h in layer.linears()]
+        return sum(self.backend.finish_linear(h) for h in [*handles, self._lm_head])
 
     def new_kv_pool(self, num_pages: int, block_size: int = 16) -> KVPool:
-        """A zeroed :class:`KVPool` matching this model's geometry, dtype and device."""
+        """A zeroed :class:`KVPool` matching this model's geometry, dtype and device,
+        allocated by its backend."""
         c = self.config
         return KVPool(c.num_hidden_layers, num_pages, block_size, c.num_key_value_heads,
-                      c.head_dim, self.dtype, self.device)
+                      c.head_dim, self.dtype, self.device, zeros=self.backend.zeros)
 
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         """The default-mode step, :func:`forward_default`."""
@@ -211,13 +199,6 @@ class PagedLlama(nn.Module):
         with ``allow_long_context``."""
         return max((s.ctx_len for s in batch.seqs), default=0)
 
-    def fused_ops(self) -> bool:
-        """Whether this step's elementwise ops run as the exact fused CPU ops of
-        :mod:`prefixcache.model.kernels.fused_ops` (a float32 CPU model, the ops built,
-        switched on and bit-identical to torch's here); decided once per step."""
-        return (self.device.type == "cpu" and self.dtype == torch.float32
-                and fused_ops.available())
-
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``[N, hidden]`` (model dtype) of the token embedding for ``ids [N]``:
         ``embed``'s rows, or the rows of :attr:`embed_codes` dequantized (``code * scale +
@@ -229,9 +210,11 @@ class PagedLlama(nn.Module):
         w = rows * c.scale[ids][..., None] + c.offset[ids][..., None]
         return w.view(ids.shape[0], -1).to(self.dtype)
 
-    def logits(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and ``lm_head``: float32 ``[N, vocab]`` for residual rows ``[N, hidden]``."""
-        return self._lm_head(rms_norm(x, self.norm, self.config.rms_norm_eps, fused)).float()
+        b = self.backend
+        return b.linear(b.rms_norm(x, self.norm, self.config.rms_norm_eps),
+                        self._lm_head).float()
 
 
 @torch.inference_mode()
@@ -247,14 +230,11 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
         return torch.empty(0, cfg.vocab_size, device=model.device)
     x = model.embed_tokens(batch.input_ids)
     cos, sin = model.rope.cos_sin(batch.positions, max_ctx - 1, model.dtype)
-    decode_kernel = decode_in_place(kv, cfg.num_attention_heads)
-    prefill_kernel = prefill_in_place(kv, cfg.num_attention_heads)
-    fused = model.fused_ops()
-    plans = {w: plan_attention(batch.seqs, w, model.device, kv.block_size,
-                               in_place=decode_kernel, prefill_in_place=prefill_kernel)
+    plans = {w: model.backend.plan_attention(batch.seqs, w, kv, cfg.num_attention_heads,
+                                             model.device)
              for w in set(cfg.layer_sliding_windows)}
     for i, layer in enumerate(model.decoder_layers):
-        q, k, v = layer.qkv_write(x, cos, sin, kv, i, batch.slot_mapping, fused)
-        attn = paged_attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])
-        x = layer.finish(x, attn, fused)
-    return model.logits(x[batch.logits_indices], fused)
+        q, k, v = layer.qkv_write(x, cos, sin, kv, i, batch.slot_mapping)
+        attn = model.backend.attention(q, k, v, kv, i, plans[cfg.layer_sliding_windows[i]])
+        x = layer.finish(x, attn)
+    return model.logits(x[batch.logits_indices])

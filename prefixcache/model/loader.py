@@ -6,6 +6,8 @@ file or sharded with ``model.safetensors.index.json``, plus tokenizer files), a 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +17,14 @@ from safetensors import safe_open
 
 import prefixcache.model.builtin as builtin
 import prefixcache.model.gguf_cache as gguf_cache
-import prefixcache.model.host_memory as host_memory
 import prefixcache.model.quantize as quantize
 import prefixcache.model.registry as registry
-from prefixcache.config import resolve_dtype
+from prefixcache.config import COMPUTE_BACKENDS, resolve_dtype
+from prefixcache.model.backend import ComputeBackend, TorchBackend
 from prefixcache.model.config import ModelConfig
-from prefixcache.model.kernels import build as kernels
+from prefixcache.model.cpu import host_memory
+from prefixcache.model.cpu.backend import CpuKernelBackend
+from prefixcache.model.cpu.kernels import build as kernels
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.quantized_linear import AffineCodes
 from prefixcache.model.weights import check_hf_keys, load_hf_weights
@@ -28,6 +32,51 @@ from prefixcache.text.loading import tokenizer_for_model
 from prefixcache.text.tokenizer import Tokenizer
 
 BUILTIN_MODELS = ("builtin:tiny",)
+CPU_KERNELS_ENV = "PREFIXCACHE_CPU_KERNELS"  # what ``auto`` means on a CPU: 0, 1 or auto
+
+log = logging.getLogger(__name__)
+
+
+def make_backend(name: str, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> ComputeBackend:
+    """The compute backend ``name`` (one of :data:`prefixcache.config.COMPUTE_BACKENDS`)
+    for a model on ``device`` in ``dtype``; called once per model, at load.
+
+    * ``torch``: :class:`TorchBackend`, plain torch ops (any device).
+    * ``cpu``: :class:`CpuKernelBackend` without the C++ kernels (oneDNN-prepacked
+      linears, the prefix split, huge pages).
+    * ``cpu-kernels``: :class:`CpuKernelBackend` with the C++ kernels, on any CPU (built
+      here, once per machine; a failed build is logged and runs as ``cpu``).
+    * ``auto``: ``torch`` off the CPU; on the CPU, ``cpu-kernels`` where the CPU has
+      AVX-512F (the kernels' tiles are sized for it; on AVX2 they were slower than torch
+      ops), else ``cpu``. ``$PREFIXCACHE_CPU_KERNELS`` (``1``: kernels on any CPU, ``0``:
+      never, ``auto``) overrides that choice; it is read here, once.
+
+    Raises:
+        ValueError: an unknown ``name``, a CPU backend for another device, or a bad
+            ``$PREFIXCACHE_CPU_KERNELS`` (the message names it).
+    """
+    dev = torch.device(device)
+    if name not in COMPUTE_BACKENDS:
+        raise ValueError(f"compute_backend: must be one of {', '.join(COMPUTE_BACKENDS)}, "
+                         f"got {name!r}")
+    if name == "auto":
+        if dev.type != "cpu":
+            return TorchBackend()
+        raw = os.environ.get(CPU_KERNELS_ENV)
+        mode = (raw or "auto").strip().lower() or "auto"
+        if mode not in ("0", "1", "auto"):
+            raise ValueError(f"{CPU_KERNELS_ENV} must be one of 0, 1, auto, not {raw!r}")
+        use = kernels.isa_supported() if mode == "auto" else mode == "1"
+        if mode == "auto" and not use:
+            log.info("CPU kernels off: this CPU has no AVX-512F, where they run slower than "
+                     "torch ops (--compute-backend cpu-kernels forces them)")
+        name = "cpu-kernels" if use else "cpu"
+    if name == "torch":
+        return TorchBackend()
+    if dev.type != "cpu":
+        raise ValueError(f"compute_backend: {name!r} runs on the CPU only, not on {dev}")
+    return CpuKernelBackend(dtype, kernels=name == "cpu-kernels")
 
 
 @dataclass
@@ -158,13 +207,16 @@ def weights_layout(model: str, quantization: str) -> str:
 
 def load_model(model: str, device: torch.device | str = "cpu",
                dtype: torch.dtype | str = torch.float32,
-               quantization: str = "auto") -> LoadedModel:
+               quantization: str = "auto",
+               compute_backend: str | ComputeBackend = "auto") -> LoadedModel:
     """Load ``model`` (a directory, a ``.gguf`` file, a registered name such as
     ``"smollm2-135m-instruct-q4_1"``, or ``"builtin:tiny"``) onto ``device`` in ``dtype``
     (a ``torch.dtype``, as ``EngineConfig.torch_dtype`` gives it; a name or alias is
     resolved through the same table, ``prefixcache.config.DTYPES``), its linear layers
     as ``quantization`` says (:mod:`prefixcache.model.quantize`: ``auto`` keeps a GGUF
-    file's quantized layout, ``none``, ``int4``, ``int8``).
+    file's quantized layout, ``none``, ``int4``, ``int8``), running on the
+    compute backend ``compute_backend``: a name (:func:`make_backend`, chosen here once) or
+    a backend built already (A/B benchmarks).
 
     Raises:
         FileNotFoundError: the directory, ``config.json`` or the weights are missing;
@@ -172,22 +224,23 @@ def load_model(model: str, device: torch.device | str = "cpu",
             name whose package is missing.
         ValueError: unknown builtin name, unsupported architecture/RoPE/dtype/GGUF tensor
             type, or weights that do not match the config (the message names the file or
-            key); on the CPU, ``PREFIXCACHE_CPU_KERNELS`` other than ``0``, ``1``, ``auto``;
-            an unknown ``quantization``.
+            key); a bad ``compute_backend`` (see :func:`make_backend`); an unknown
+            ``quantization``.
     """
     dtype = resolve_dtype(dtype)
     layout = weights_layout(model, quantization)
+    backend = (compute_backend if isinstance(compute_backend, ComputeBackend)
+               else make_backend(compute_backend, device, dtype))  # builds the CPU kernels
     if torch.device(device).type == "cpu":
         host_memory.keep_freed_memory()
-        if kernels.enabled():  # raises on a bad PREFIXCACHE_CPU_KERNELS, before serving
-            kernels.load()  # built once per machine (about 30 s), not in the first decode step
     if model.startswith("builtin:"):
         if model not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
-        net = builtin.build_tiny_model(device, dtype)
+        net = builtin.build_tiny_model(device, dtype, backend)
         if layout in quantize.BITS:
             quantize.from_float(net, quantize.BITS[layout])
+        net.prepack()
         return LoadedModel(net, net.config, builtin.tiny_tokenizer(), model,
                            builtin.CHAT_TEMPLATE, cache_id=_cache_id(model, layout))
     path = registry.model_dir(model)
@@ -195,7 +248,7 @@ def load_model(model: str, device: torch.device | str = "cpu",
         raise FileNotFoundError(f"model directory not found: {path}")
     config = ModelConfig.from_dir(path)
     files = weight_files(path)
-    net = PagedLlama(config, device, dtype)
+    net = PagedLlama(config, device, dtype, backend)
     if layout == "gguf":
         gguf_file = gguf_cache.find_gguf(registry.resolve(model))
         assert gguf_file is not None

@@ -11,7 +11,12 @@ Modes (``EngineConfig.quantization``, ``--quantization``):
   weights (of any source, a GGUF file's dequantized ones included).
 
 The token embedding stays a float tensor in the model's dtype (its lookup reads one row
-per token); norms and biases too.
+per token; a GGUF file's is kept as codes, see ``loader.load_gguf_quantized``); norms and
+biases too.
+
+The quantized layers are one more kind of linear handle (:class:`Int4Linear`) on the
+model's compute backend: :func:`with_quantized_linears` gives the backend (any of them)
+a subclass that runs those handles and leaves every other op to the backend.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from prefixcache.config import QUANTIZATION_MODES
+from prefixcache.model.backend import ComputeBackend
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.quantized_linear import AffineCodes, Int4Linear
 
@@ -39,6 +45,35 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+class QuantizedLinears(ComputeBackend):
+    """Mixed into a model's backend by :func:`with_quantized_linears`: an
+    :class:`Int4Linear` handle runs its kernel, any other handle the backend's linear."""
+
+    def finish_linear(self, prepared: object) -> bool:
+        """Nothing to do for an :class:`Int4Linear` (packed when built)."""
+        if isinstance(prepared, Int4Linear):
+            return False
+        return super().finish_linear(prepared)
+
+    def linear(self, x: torch.Tensor, prepared: object,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`Int4Linear.__call__` for its handles, else the backend's linear."""
+        if isinstance(prepared, Int4Linear):
+            return prepared(x, residual)
+        return super().linear(x, prepared, residual)
+
+
+def with_quantized_linears(backend: ComputeBackend) -> ComputeBackend:
+    """``backend`` with :class:`QuantizedLinears` mixed in (its state shared, its class
+    a subclass of both), or ``backend`` itself when it has it already."""
+    if isinstance(backend, QuantizedLinears):
+        return backend
+    cls = type(f"Quantized{type(backend).__name__}", (QuantizedLinears, type(backend)), {})
+    new: ComputeBackend = object.__new__(cls)
+    new.__dict__.update(backend.__dict__)
+    return new
+
+
 def _free(p: torch.Tensor | None) -> None:
     if p is not None:
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -54,6 +89,9 @@ def apply(model: PagedLlama, codes_of: Callable[[str], AffineCodes]) -> int:
         ValueError: a weight's shape does not match the config (named).
     """
     total = 0
+    model.backend = with_quantized_linears(model.backend)
+    for layer in model.decoder_layers:
+        layer.backend = model.backend
 
     def make(names: list[str], like: torch.Tensor, bias: torch.Tensor | None) -> Int4Linear:
         nonlocal total

@@ -12,11 +12,11 @@ from tests.helpers.hf_models import make_hf_model, save_hf_model
 def test_tpot_rows_cover_every_impl_context_and_batch():
     hf = make_hf_model("llama")
     from prefixcache.model.config import ModelConfig
-    from prefixcache.model.llama import PagedLlama
     from prefixcache.model.weights import load_hf_weights
+    from tests.helpers.paged import cpu_model
 
     cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
-    ours = PagedLlama(cfg)
+    ours = cpu_model(cfg)
     load_hf_weights(ours, hf.state_dict().__getitem__)
     rows = decode_perf.tpot_vs_context(ours, hf, contexts=(32, 80), repeats=2,
                                        no_cache_max_ctx=32)
@@ -74,11 +74,11 @@ def test_markdown_and_plot(tmp_path):
 def test_packed_ab_measures_both_ways_and_restores_packing():
     hf = make_hf_model("llama")
     from prefixcache.model.config import ModelConfig
-    from prefixcache.model.llama import PagedLlama
     from prefixcache.model.weights import load_hf_weights
+    from tests.helpers.paged import cpu_model
 
     cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
-    m = PagedLlama(cfg)
+    m = cpu_model(cfg)
     load_hf_weights(m, hf.state_dict().__getitem__)
     before = [layer.qkv_proj.enabled for layer in m.decoder_layers]
     rows = decode_perf.packed_ab(m, seqs=(1, 3), ctx=40, repeats=2)
@@ -95,51 +95,47 @@ def _tiny_ours():
     return paged_copy(make_hf_model("llama"))
 
 
-def test_kernel_prefill_and_split_ab_measure_both_ways_and_restore_the_defaults(monkeypatch):
-    import os
+def test_kernel_prefill_and_split_ab_measure_both_ways_and_restore_the_backend():
+    from prefixcache.model.cpu.kernels import build
 
-    from prefixcache.model import attention
-    from prefixcache.model.kernels import paged_decode, paged_prefill
-
-    monkeypatch.delenv("PREFIXCACHE_DECODE_KERNEL", raising=False)
-    monkeypatch.setenv("PREFIXCACHE_PREFILL_KERNEL", "1")
     ours = _tiny_ours()
+    before = ours.backend
+    built = before.name == "cpu-kernels" and build.load() is not None
     rows = decode_perf.kernel_ab(ours, cases=((2, 64),), repeats=2)
-    if paged_decode.load() is not None:  # the kernel built: both paths measured
+    if built:  # the kernel built: both paths measured
         assert [(r["seqs"], r["ctx"]) for r in rows] == [(2, 64)]
         assert rows[0]["in_place"]["min"] > 0 and rows[0]["gathered"]["min"] > 0
-    assert "PREFIXCACHE_DECODE_KERNEL" not in os.environ
+    assert ours.backend is before
     split = decode_perf.split_ab(ours, cases=((8, 40),), repeats=2)
     assert [(r["new"], r["ctx"]) for r in split] == [(8, 40)]
-    assert split[0]["ratio"]["min"] > 0 and attention.SPLIT_PREFIX is True
-    assert os.environ["PREFIXCACHE_PREFILL_KERNEL"] == "1"  # split_ab ran with it off
+    assert split[0]["ratio"]["min"] > 0 and ours.backend is before
+    assert before.split_prefix and (before.prefill_kernel or not built)
     prefill = decode_perf.prefill_ab(ours, cases=((16, 16), (8, 40)), repeats=2)
-    if paged_prefill.load() is not None:
+    if built:
         assert [(r["new"], r["ctx"]) for r in prefill] == [(16, 16), (8, 40)]
         assert all(r["in_place"]["min"] > 0 and r["torch"]["min"] > 0 for r in prefill)
-    assert os.environ["PREFIXCACHE_PREFILL_KERNEL"] == "1"
+    assert ours.backend is before
+    assert all(layer.backend is before for layer in ours.decoder_layers)
 
 
-def test_fused_and_small_gemm_ab_measure_both_ways_and_restore_the_switches(monkeypatch):
-    import os
+def test_fused_and_small_gemm_ab_measure_both_ways_and_restore_the_backend():
+    from prefixcache.model.cpu.kernels import build, fused_ops
 
-    from prefixcache.model.kernels import fused_ops, small_gemm
-
-    monkeypatch.delenv("PREFIXCACHE_FUSED_OPS", raising=False)
-    monkeypatch.setenv("PREFIXCACHE_SMALL_GEMM", "1")
     ours = _tiny_ours()
+    before = ours.backend
+    built = before.name == "cpu-kernels" and build.load() is not None
     fused = decode_perf.fused_ab(ours, decode_cases=((2, 64),), prefill_cases=((16, 40),),
                                  repeats=2)
-    if fused_ops.available():
+    if built and fused_ops.available():
         assert [(r.get("seqs"), r.get("new"), r["ctx"]) for r in fused] == [
             (2, None, 64), (None, 16, 40)]
         assert all(r["fused"]["min"] > 0 and r["torch"]["min"] > 0 for r in fused)
-    assert "PREFIXCACHE_FUSED_OPS" not in os.environ
+    assert ours.backend is before
     small = decode_perf.small_gemm_ab(ours, decode_cases=((1, 32), (4, 32)), repeats=2)
-    if small_gemm.load() is not None:
+    if built:
         assert [(r["seqs"], r["ctx"]) for r in small] == [(1, 32), (4, 32)]
         assert all(r["small"]["min"] > 0 and r["onednn"]["min"] > 0 for r in small)
-    assert os.environ["PREFIXCACHE_SMALL_GEMM"] == "1"
+    assert ours.backend is before and ours.backend.small_gemm == built
 
 
 def test_report_renders_the_ab_tables_and_server_series(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 
 def built_or_skip(kernel: ModuleType, name: str) -> ModuleType:
-    """``kernel`` (a :mod:`prefixcache.model.kernels` wrapper with ``load``/``failure``)
+    """``kernel`` (a :mod:`prefixcache.model.cpu.kernels` wrapper with ``load``/``failure``)
     once its library loads; skips without a C++ toolchain, fails when ``CI=true``."""
     if kernel.load() is None:
         if os.environ.get("CI") == "true":

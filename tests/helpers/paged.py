@@ -14,15 +14,24 @@ from prefixcache.model.config import ModelConfig
 from prefixcache.model.deterministic import forward_deterministic
 from prefixcache.model.forward_batch import ForwardBatch, SeqChunk
 from prefixcache.model.llama import PagedLlama, forward_default
+from prefixcache.model.loader import make_backend
 from prefixcache.model.weights import load_hf_weights
 
 
 def paged_copy(hf) -> PagedLlama:
-    """A float32 CPU ``PagedLlama`` with the config and weights of HF model ``hf``."""
+    """A float32 CPU ``PagedLlama`` with the config and weights of HF model ``hf``, on the
+    compute backend ``auto`` picks (the CPU kernels in tests, see ``tests/conftest.py``)."""
     cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": [type(hf).__name__]})
-    m = PagedLlama(cfg)
+    m = cpu_model(cfg)
     load_hf_weights(m, hf.state_dict().__getitem__)
     return m
+
+
+def cpu_model(cfg: ModelConfig, device: torch.device | str = "cpu",
+              dtype: torch.dtype = torch.float32, backend: str = "auto") -> PagedLlama:
+    """An uninitialised ``PagedLlama`` of ``cfg`` on the compute backend ``backend``
+    (:func:`prefixcache.model.loader.make_backend`), as the loader builds it."""
+    return PagedLlama(cfg, device, dtype, make_backend(backend, device, dtype))
 
 
 @dataclass

@@ -8,10 +8,9 @@ import torch
 from prefixcache.model.attention import PAD_SLACK, decode_groups, plan_attention
 from prefixcache.model.config import ModelConfig
 from prefixcache.model.forward_batch import SeqChunk
-from prefixcache.model.llama import PagedLlama
 from prefixcache.model.weights import load_hf_weights
 from tests.helpers.hf_models import hf_logits, make_hf_model
-from tests.helpers.paged import PagedRunner, Seq
+from tests.helpers.paged import PagedRunner, Seq, cpu_model
 
 
 def chunk(row: int, ctx: int, bs: int = 16) -> SeqChunk:
@@ -39,7 +38,7 @@ def test_similar_lengths_share_one_group_within_the_slack():
 def test_mixed_length_decode_step_matches_transformers():
     hf = make_hf_model("llama")
     cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
-    m = PagedLlama(cfg)
+    m = cpu_model(cfg)
     load_hf_weights(m, hf.state_dict().__getitem__)
     runner = PagedRunner(m, num_pages=64)
     g = torch.Generator().manual_seed(0)
@@ -60,7 +59,7 @@ def test_cuda_grouped_decode_matches_cpu():
     cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
     out = {}
     for dev in ("cpu", "cuda"):
-        m = PagedLlama(cfg, dev)
+        m = cpu_model(cfg, dev)
         load_hf_weights(m, hf.state_dict().__getitem__)
         runner = PagedRunner(m, num_pages=64)
         seqs = [Seq() for _ in range(3)]
@@ -70,11 +69,10 @@ def test_cuda_grouped_decode_matches_cpu():
     torch.testing.assert_close(out["cuda"].cpu(), out["cpu"], atol=1e-3, rtol=0)
 
 
-def test_layers_and_steps_gather_into_one_reused_scratch_buffer(monkeypatch):
-    monkeypatch.setenv("PREFIXCACHE_DECODE_KERNEL", "0")  # the gathering path (CUDA's)
+def test_layers_and_steps_gather_into_one_reused_scratch_buffer():
     hf = make_hf_model("llama")
     cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
-    m = PagedLlama(cfg)
+    m = cpu_model(cfg, backend="torch")  # the gathering path (CUDA's)
     load_hf_weights(m, hf.state_dict().__getitem__)
     runner = PagedRunner(m, num_pages=64)
     seqs = [Seq(), Seq()]

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefixcache.model.kernels import fused_ops
+from prefixcache.model.cpu.backend import CpuKernelBackend
+from prefixcache.model.cpu.kernels import fused_ops
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.rope import apply_rope
 from tests.helpers.hf_models import make_hf_model
@@ -114,8 +115,9 @@ def test_a_differing_op_turns_the_fused_ops_off(built, monkeypatch, caplog):
     monkeypatch.setattr(fused_ops, "_checked", False)
     assert not fused_ops.available()
     monkeypatch.setattr(fused_ops, "_checked", True)
-    monkeypatch.setenv("PREFIXCACHE_FUSED_OPS", "0")
-    assert not fused_ops.available()
+    assert CpuKernelBackend(torch.float32).fused_ops  # available: the backend uses them
+    assert not CpuKernelBackend(torch.float32, fused_ops=False).fused_ops  # its switch
+    assert not CpuKernelBackend(torch.bfloat16).fused_ops  # float32 only
 
 
 def _steps(m: PagedLlama, pool_dtype: torch.dtype) -> tuple[torch.Tensor, PagedRunner]:
@@ -139,9 +141,10 @@ def _steps(m: PagedLlama, pool_dtype: torch.dtype) -> tuple[torch.Tensor, PagedR
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 def test_model_steps_with_fused_ops_are_bit_identical(built, kind, pool_dtype, monkeypatch):
     m = paged_copy(make_hf_model(kind))
-    monkeypatch.setenv("PREFIXCACHE_FUSED_OPS", "0")
+    m.set_backend(CpuKernelBackend(torch.float32, fused_ops=False))
     want, ref = _steps(m, pool_dtype)
-    monkeypatch.setenv("PREFIXCACHE_FUSED_OPS", "1")
+    m.set_backend(CpuKernelBackend(torch.float32, fused_ops=True))
+    assert m.backend.fused_ops
     calls: dict[str, int] = {}
 
     def counting(name: str):

@@ -10,7 +10,7 @@ import pytest
 
 PROBE = r"""
 import resource, sys, torch
-from prefixcache.model import host_memory
+from prefixcache.model.cpu import host_memory
 set_ = host_memory.keep_freed_memory() if sys.argv[1] == "1" else False
 x = torch.empty(5 * 1024 * 1024)                  # the process's first 20 MiB block
 addr = x.data_ptr()
@@ -49,7 +49,7 @@ def test_large_temporaries_come_from_the_heap_and_reuse_its_pages():
 
 
 def test_opt_out_leaves_the_defaults(monkeypatch):
-    from prefixcache.model import host_memory
+    from prefixcache.model.cpu import host_memory
 
     monkeypatch.setenv("PREFIXCACHE_KEEP_HEAP", "0")
     monkeypatch.setattr(host_memory, "_done", None)
@@ -90,7 +90,7 @@ needs_thp = pytest.mark.skipif(
 def test_large_tensors_sit_on_huge_pages_from_their_first_write():
     import torch
 
-    from prefixcache.model import host_memory
+    from prefixcache.model.cpu import host_memory
 
     arena = host_memory.HugePageArena(chunk_bytes=8 * 1024 * 1024)
     t = host_memory.empty((64, 16, 4, 256), torch.float32, "cpu", arena)  # 4 MiB: own
@@ -109,7 +109,7 @@ def test_large_tensors_sit_on_huge_pages_from_their_first_write():
 def test_arena_tensors_share_huge_pages_but_not_storage():
     import torch
 
-    from prefixcache.model import host_memory
+    from prefixcache.model.cpu import host_memory
 
     arena = host_memory.HugePageArena(chunk_bytes=8 * 1024 * 1024)
     a = arena.empty((576,), torch.float32)
@@ -132,7 +132,7 @@ def test_arena_tensors_share_huge_pages_but_not_storage():
 def test_huge_pages_opt_out(monkeypatch):
     import torch
 
-    from prefixcache.model import host_memory
+    from prefixcache.model.cpu import host_memory
 
     monkeypatch.setenv("PREFIXCACHE_HUGE_PAGES", "0")
     assert host_memory.huge_pages_enabled() is False
@@ -147,7 +147,7 @@ def test_huge_pages_opt_out(monkeypatch):
 def test_zeros_are_resident_when_made_and_off_huge_pages():
     import torch
 
-    from prefixcache.model import host_memory
+    from prefixcache.model.cpu import host_memory
 
     t = host_memory.zeros((128, 16, 4, 256), torch.float32)  # 8 MiB: a mapping of its own
     assert t.shape == (128, 16, 4, 256) and t.is_contiguous() and t.dtype == torch.float32
@@ -166,12 +166,12 @@ def test_model_weights_on_huge_pages_and_pool_resident():
     import torch
 
     from prefixcache.model.config import ModelConfig
-    from prefixcache.model.llama import PagedLlama
+    from tests.helpers.paged import cpu_model
 
     cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=4096, hidden_size=256,
                       intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=64)
-    m = PagedLlama(cfg, "cpu", torch.float32)
+    m = cpu_model(cfg, "cpu", torch.float32)
     with torch.no_grad():
         for p in m.parameters():
             p.normal_()
@@ -185,7 +185,7 @@ def test_model_weights_on_huge_pages_and_pool_resident():
 
 
 HEAP_PROBE = r"""
-from prefixcache.model import host_memory
+from prefixcache.model.cpu import host_memory
 host_memory.keep_freed_memory()
 advised, name = 0, ""
 for line in open("/proc/self/smaps"):
@@ -205,7 +205,7 @@ print(advised)
 def test_heap_grown_and_advised_for_huge_pages(env, want):
     import os
 
-    from prefixcache.model import host_memory
+    from prefixcache.model.cpu import host_memory
 
     out = subprocess.run([sys.executable, "-c", HEAP_PROBE], check=True, capture_output=True,
                          text=True, env={**os.environ, "PREFIXCACHE_HUGE_PAGES": env}).stdout
@@ -220,7 +220,7 @@ def test_heap_grown_and_advised_for_huge_pages(env, want):
 def test_empty_shapes_come_back_as_plain_tensors():
     import torch
 
-    from prefixcache.model import host_memory
+    from prefixcache.model.cpu import host_memory
 
     arena = host_memory.HugePageArena()
     for t in (host_memory.empty((0, 576), torch.float32, "cpu", arena),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefixcache.model.kernels import build, paged_prefill
+from prefixcache.model.cpu.kernels import build, paged_prefill
 from tests.helpers.kernels import built_or_skip
 
 
@@ -57,7 +57,7 @@ def test_build_lock_excludes_other_processes_and_dies_with_its_holder(tmp_path: 
         [sys.executable, "-c",
          "import sys, time\n"
          "from pathlib import Path\n"
-         "from prefixcache.model.kernels import build\n"
+         "from prefixcache.model.cpu.kernels import build\n"
          "with build.build_lock(Path(sys.argv[1])):\n"
          "    print('held', flush=True)\n"
          "    time.sleep(600)\n", str(tmp_path)],

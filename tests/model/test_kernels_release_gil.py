@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from prefixcache.model.kernels import paged_decode, paged_prefill
+from prefixcache.model.cpu.kernels import paged_decode, paged_prefill
 from tests.helpers.kernels import built_or_skip
 
 

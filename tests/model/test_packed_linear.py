@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefixcache.model.packed_linear import PackedLinear
+from prefixcache.model.cpu.packed_linear import PackedLinear
 
 
 def test_matches_linear_for_every_row_count_and_repacks_after_a_write():
@@ -24,8 +24,7 @@ def test_matches_linear_for_every_row_count_and_repacks_after_a_write():
         torch.testing.assert_close(head(x), F.linear(x, w), atol=2e-4, rtol=1e-5)
 
 
-def test_one_row_is_exactly_f_linear_without_the_streaming_kernel(monkeypatch):
-    monkeypatch.setenv("PREFIXCACHE_SMALL_GEMM", "0")
+def test_one_row_is_exactly_f_linear_without_the_streaming_kernel():
     w = torch.randn(300, 32)
     x = torch.randn(1, 32)
     assert torch.equal(PackedLinear(w)(x), F.linear(x, w))
@@ -75,14 +74,13 @@ def test_residual_is_added_in_the_epilogue_with_the_same_bits(bias, dtype):
 
 def test_decoder_layers_pack_each_projection_once_over_many_steps():
     from prefixcache.model.config import ModelConfig
-    from prefixcache.model.llama import PagedLlama
     from prefixcache.model.weights import load_hf_weights
     from tests.helpers.hf_models import make_hf_model
-    from tests.helpers.paged import PagedRunner, Seq
+    from tests.helpers.paged import PagedRunner, Seq, cpu_model
 
     hf = make_hf_model("llama_bias")
     cfg = ModelConfig.from_dict({**hf.config.to_dict(), "architectures": ["LlamaForCausalLM"]})
-    m = PagedLlama(cfg)
+    m = cpu_model(cfg)
     load_hf_weights(m, hf.state_dict().__getitem__)
     runner = PagedRunner(m, num_pages=16)
     a, b = Seq(), Seq()

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from prefixcache.model.attention import plan_attention
+from prefixcache.model.cpu.backend import CpuKernelBackend
+from prefixcache.model.cpu.kernels import paged_decode as kernel
 from prefixcache.model.forward_batch import SeqChunk
-from prefixcache.model.kernels import paged_decode as kernel
 from tests.helpers.hf_models import hf_logits, make_hf_model
 from tests.helpers.kernels import built_or_skip
 from tests.helpers.paged import PagedRunner, Seq, paged_copy
@@ -125,7 +126,7 @@ def test_engine_decode_in_place_equals_gathered_and_transformers(built, kind, mo
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (150, 9, 33, 16)]
     results = {}
     for mode in ("1", "0"):
-        monkeypatch.setenv("PREFIXCACHE_DECODE_KERNEL", mode)
+        m.set_backend(CpuKernelBackend(torch.float32, decode_kernel=mode == "1"))
         runner = PagedRunner(m, num_pages=64)
         seqs = [Seq() for _ in prompts]
         for s, p in zip(seqs, prompts):

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from prefixcache.model.attention import plan_attention
+from prefixcache.model.cpu.backend import CpuKernelBackend
+from prefixcache.model.cpu.kernels import paged_prefill as kernel
 from prefixcache.model.forward_batch import SeqChunk
-from prefixcache.model.kernels import paged_prefill as kernel
 from tests.helpers.hf_models import hf_logits, make_hf_model
 from tests.helpers.kernels import built_or_skip
 from tests.helpers.paged import PagedRunner, Seq, paged_copy
@@ -168,8 +169,8 @@ def test_engine_prefill_in_place_equals_sdpa_and_transformers(built, kind, monke
     tail = torch.randint(0, 256, (40,), generator=g).tolist()
     results = {}
     for mode in ("1", "0"):
-        monkeypatch.setenv("PREFIXCACHE_PREFILL_KERNEL", mode)
-        monkeypatch.setenv("PREFIXCACHE_DECODE_KERNEL", mode)
+        m.set_backend(CpuKernelBackend(torch.float32, prefill_kernel=mode == "1",
+                                       decode_kernel=mode == "1"))
         runner = PagedRunner(m, num_pages=64)
         a, b = Seq(), Seq()
         cold = runner.prefill(a, prompt, all_logits=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefixcache.model.kernels import small_gemm
-from prefixcache.model.packed_linear import PackedLinear
+from prefixcache.model.cpu.kernels import small_gemm
+from prefixcache.model.cpu.packed_linear import PackedLinear
 from tests.helpers.kernels import built_or_skip
 
 
@@ -70,9 +70,9 @@ def test_packed_linear_routes_decode_rows_to_it(built, monkeypatch):
     for rows in (1, 4, 8, 9, 16):
         x = torch.randn(rows, 64, generator=g)
         r = torch.randn(rows, 300, generator=g)
-        torch.testing.assert_close(lin(x), x @ w.T + b, atol=1e-4, rtol=1e-5)
-        torch.testing.assert_close(lin(x, residual=r), r + (x @ w.T + b), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(lin(x, small_gemm=True), x @ w.T + b, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(lin(x, residual=r, small_gemm=True), r + (x @ w.T + b),
+                                   atol=1e-4, rtol=1e-5)
     assert calls == [1, 1, 4, 4, 8, 8]  # 9 and 16 rows: oneDNN's packed kernel
-    monkeypatch.setenv("PREFIXCACHE_SMALL_GEMM", "0")
-    lin(torch.randn(4, 64))
+    lin(torch.randn(4, 64))  # not asked for (the backend's switch off)
     assert calls == [1, 1, 4, 4, 8, 8]

@@ -4,24 +4,16 @@ The kernel walks each decode row's page table and reads its keys and values wher
 lie in the pool, with an online softmax per page: no gathered copy of the context (the
 copy and the padded SDPA were half of a multi-sequence decode step,
 ``benchmarks/speed/analysis.md``). Built with the other CPU kernels (:mod:`.build`).
-``PREFIXCACHE_DECODE_KERNEL=0`` turns this one off (attention then gathers pages, as on
-CUDA).
+Used by :mod:`prefixcache.model.cpu.backend` when its ``decode_kernel`` switch is on (off,
+attention gathers pages, as on CUDA).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from prefixcache.model.kernels import build
+from prefixcache.model.cpu.kernels import build
 
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 256  # geometry this path is used for
-
-
-def enabled() -> bool:
-    """Whether the kernel may be used (``PREFIXCACHE_DECODE_KERNEL`` is not ``0``
-    and :func:`.build.enabled`: by default only on a CPU with AVX-512F)."""
-    return os.environ.get("PREFIXCACHE_DECODE_KERNEL", "1") != "0" and build.enabled()
 
 
 load = build.load

@@ -19,9 +19,9 @@ construction and is removed.
 The library holds the paged decode and prefill attention kernels, the fused elementwise ops
 of the decoder layer (``fused_ops.cpp``: compiled without fast-math by a pragma, since they
 must return torch's bits) and the linear kernel of 1-8 rows (``small_gemm.cpp``).
-``PREFIXCACHE_CPU_KERNELS=0`` turns them all off (the model then runs torch ops only, as on
-CUDA) and ``=1`` turns them on on any CPU. Unset (or ``auto``) they are used only where the
-CPU has AVX-512F: their tiles are sized for 32 zmm registers, and on an AVX2-only AMD EPYC
+The compute backend chooses at load whether they run (``EngineConfig.compute_backend``:
+``cpu-kernels`` on any CPU; ``auto`` only where the CPU has AVX-512F, :func:`isa_supported`):
+their tiles are sized for 32 zmm registers, and on an AVX2-only AMD EPYC
 (16 ymm registers, measured 2026-12-02, bench model in process, one thread) they were slower
 than torch ops: cold 1,984-token prefill 6.95 s with them against 2.33 s without, a 64-token
 chunk over 1,984 cached tokens 485 ms against 149 ms, TPOT at 512 tokens 56.3 ms against
@@ -63,30 +63,6 @@ _module: ModuleType | None = None
 _failed: str | None = None
 
 
-_MODES = ("0", "1", "auto")
-_auto_logged = False
-
-
-def enabled() -> bool:
-    """Whether the kernels may be used: ``PREFIXCACHE_CPU_KERNELS`` is ``1``, or it is unset
-    or ``auto`` and :func:`isa_supported`. Raises ``ValueError`` naming the variable when it
-    holds anything else."""
-    global _auto_logged
-    raw = os.environ.get("PREFIXCACHE_CPU_KERNELS")  # read per call: tests and A/Bs flip it
-    mode = "auto" if raw is None else raw.strip().lower() or "auto"
-    if mode not in _MODES:
-        raise ValueError(f"PREFIXCACHE_CPU_KERNELS must be one of {', '.join(_MODES)}, "
-                         f"not {raw!r}")
-    if mode != "auto":
-        return mode == "1"
-    ok = _this_cpu_supported()
-    if not ok and not _auto_logged:
-        _auto_logged = True
-        log.info("CPU kernels off: this CPU has no AVX-512F, where they run slower than torch "
-                 "ops (PREFIXCACHE_CPU_KERNELS=1 forces them)")
-    return ok
-
-
 @functools.lru_cache(maxsize=1)
 def _cpu_flags() -> str:
     try:
@@ -96,12 +72,6 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor()
-
-
-@functools.lru_cache(maxsize=1)
-def _this_cpu_supported() -> bool:
-    """:func:`isa_supported` for this CPU, read once (``enabled`` runs in every linear call)."""
-    return isa_supported()
 
 
 def isa_supported(flags: str | None = None) -> bool:
@@ -194,10 +164,10 @@ def prepare_sources(build: Path) -> list[Path]:
 
 
 def load() -> ModuleType | None:
-    """The kernels' module, built on first call; ``None`` when disabled at that call or when
-    the build failed (the reason is logged once and kept in :func:`failure`)."""
+    """The kernels' module, built on first call; ``None`` when the build failed (the
+    reason is logged once and kept in :func:`failure`)."""
     global _module, _failed
-    if _module is not None or _failed is not None or not enabled():
+    if _module is not None or _failed is not None:
         return _module
     with _lock:
         if _module is not None or _failed is not None:

@@ -8,27 +8,19 @@ the project's 2-core Xeon, ``benchmarks/speed/analysis.md``). Here each block of
 weight rows is read from memory once and dotted with every x row while in L1; an output
 element is summed in the same order whatever the number of rows, so a row's result does
 not depend on the other rows of the step. Built with the other CPU kernels
-(:mod:`.build`); ``PREFIXCACHE_SMALL_GEMM=0`` turns it off (the linears then run
-oneDNN's packed kernel, or ``F.linear`` at one row).
+(:mod:`.build`); used by :mod:`prefixcache.model.cpu.backend` when its ``small_gemm``
+switch is on (off, the linears run oneDNN's packed kernel, or ``F.linear`` at one row).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from prefixcache.model.kernels import build
+from prefixcache.model.cpu.kernels import build
 
 MAX_ROWS = 8  # rows this path is used for
 
 load = build.load
 failure = build.failure
-
-
-def enabled() -> bool:
-    """Whether the kernel may be used (``PREFIXCACHE_SMALL_GEMM`` is not ``0``
-    and :func:`.build.enabled`: by default only on a CPU with AVX-512F)."""
-    return os.environ.get("PREFIXCACHE_SMALL_GEMM", "1") != "0" and build.enabled()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -4,29 +4,21 @@ from ``paged_prefill.cpp``.
 The chunk's queries attend every key of their context, the cached prefix and the chunk's
 own keys (written to the pool first), through the page table: no gathered copy, no mask
 tensor, one call instead of the two flash calls and merge of
-:func:`prefixcache.model.attention.prefix_split_attention`. The query heads of one KV
+:func:`prefixcache.model.cpu.backend.prefix_split_attention`. The query heads of one KV
 head are processed together, so each key is read once for all of them. Built with the
-other CPU kernels (:mod:`.build`); ``PREFIXCACHE_PREFILL_KERNEL=0`` turns this one off
-(attention then runs torch's SDPA, as on CUDA).
+other CPU kernels (:mod:`.build`); used by :mod:`prefixcache.model.cpu.backend` when its
+``prefill_kernel`` switch is on.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from prefixcache.model.kernels import build
+from prefixcache.model.cpu.kernels import build
 
 MAX_GROUP = 48  # query heads per KV head this path is used for (the kernel's 48 lanes)
 
 load = build.load
 failure = build.failure
-
-
-def enabled() -> bool:
-    """Whether the kernel may be used (``PREFIXCACHE_PREFILL_KERNEL`` is not ``0``
-    and :func:`.build.enabled`: by default only on a CPU with AVX-512F)."""
-    return os.environ.get("PREFIXCACHE_PREFILL_KERNEL", "1") != "0" and build.enabled()
 
 
 def supports(pool_k: torch.Tensor, num_heads: int) -> bool:

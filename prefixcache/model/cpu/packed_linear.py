@@ -14,8 +14,9 @@ own CPU compiler uses for frozen linear layers). vLLM's CPU backend prepacks its
 linear weights with oneDNN for the same reason.
 
 Steps of one to eight rows (decode) run the weight-streaming kernel of
-:mod:`prefixcache.model.kernels.small_gemm` instead, where it is built: faster than both
-at those sizes. Without it, one row keeps ``F.linear`` (its GEMV path is as fast as the
+:mod:`prefixcache.model.cpu.kernels.small_gemm` instead when the caller asks for it (the CPU
+backend's ``small_gemm`` switch): faster than both at those sizes. Without it, one row
+keeps ``F.linear`` (its GEMV path is as fast as the
 packed one). Anything but a float32 CPU weight, or a PyTorch without oneDNN, falls back
 to ``F.linear``.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from prefixcache.model.kernels import small_gemm
+from prefixcache.model.cpu.kernels import small_gemm as small_gemm_kernel
 
 BATCH_HINT = 8  # rows the packed layout is tuned for (decode batches)
 
@@ -36,13 +37,15 @@ class PackedLinear:
     whenever ``weight`` is modified in place (its version counter changes);
     ``num_packs`` counts how often that happened."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 pack: bool = True):
         self.weight = weight
         self.bias = bias
         self._packed: torch.Tensor | None = None
         self._version = -1
         self.num_packs = 0
-        self.enabled = (weight.device.type == "cpu" and weight.dtype == torch.float32
+        self.cpu_float32 = weight.device.type == "cpu" and weight.dtype == torch.float32
+        self.enabled = (pack and self.cpu_float32
                         and torch.backends.mkldnn.is_available()
                         and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
@@ -62,18 +65,21 @@ class PackedLinear:
             self.num_packs += 1
         return True
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                 small_gemm: bool = False) -> torch.Tensor:
         """``x @ weight.T + bias``, plus ``residual [N, out]`` when given. On the packed
         path the residual is added in the matrix product's epilogue (one pass less over
-        the output; the same bits as adding it after: the sum of the same two floats)."""
-        if (self.enabled and 1 <= x.shape[0] <= small_gemm.MAX_ROWS and x.dim() == 2
-                and x.dtype == torch.float32 and x.stride(-1) == 1 and self.weight.is_contiguous()
-                and small_gemm.enabled() and small_gemm.load() is not None):
+        the output; the same bits as adding it after: the sum of the same two floats).
+        ``small_gemm``: 1-8 float32 rows run the small-GEMM kernel (which must be built:
+        :func:`prefixcache.model.cpu.kernels.build.load`)."""
+        if (small_gemm and self.cpu_float32 and 1 <= x.shape[0] <= small_gemm_kernel.MAX_ROWS
+                and x.dim() == 2 and x.dtype == torch.float32 and x.stride(-1) == 1
+                and self.weight.is_contiguous()):
             if residual is None or (residual.shape == (x.shape[0], self.weight.shape[0])
                                     and residual.dtype == torch.float32
                                     and residual.stride(-1) == 1):
-                return small_gemm.linear(x, self.weight, self.bias, residual)
-            return residual + small_gemm.linear(x, self.weight, self.bias)
+                return small_gemm_kernel.linear(x, self.weight, self.bias, residual)
+            return residual + small_gemm_kernel.linear(x, self.weight, self.bias)
         if (not self.enabled or x.shape[0] < 2 or x.dtype != torch.float32 or x.dim() != 2
                 or not self.prepack()):
             y = F.linear(x, self.weight, self.bias)

@@ -16,20 +16,18 @@ those elements; at one thread, the setting of the benchmarks, they agree everywh
 The first :func:`available` call requires torch's CPU kernels to use this build's vector
 width (AVX-512 or AVX2), then compares each op with the torch ops it replaces on random
 data (rows with and without a scalar tail); unless every bit agrees, the model
-keeps the torch ops (logged once). ``PREFIXCACHE_FUSED_OPS=0`` or
-``PREFIXCACHE_CPU_KERNELS=0`` turns them off. Built with the other CPU kernels
-(:mod:`.build`).
+keeps the torch ops (logged once). Used by :mod:`prefixcache.model.cpu.backend` when its
+``fused_ops`` switch is on. Built with the other CPU kernels (:mod:`.build`).
 """
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import torch
 import torch.nn.functional as F
 
-from prefixcache.model.kernels import build
+from prefixcache.model.cpu.kernels import build
 from prefixcache.model.rope import apply_rope
 
 log = logging.getLogger(__name__)
@@ -38,18 +36,10 @@ _lock = threading.Lock()
 _checked: bool | None = None  # None: not checked yet
 
 
-def enabled() -> bool:
-    """Whether the ops may be used (``PREFIXCACHE_FUSED_OPS`` is not ``0``
-    and :func:`.build.enabled`: by default only on a CPU with AVX-512F)."""
-    return os.environ.get("PREFIXCACHE_FUSED_OPS", "1") != "0" and build.enabled()
-
-
 def available() -> bool:
-    """Whether the ops are enabled, built and bit-identical to the torch ops they replace
-    here (checked once per process)."""
+    """Whether the ops are built and bit-identical to the torch ops they replace here
+    (checked once per process; builds the kernels on first call)."""
     global _checked
-    if not enabled():
-        return False
     if _checked is None:
         with _lock:
             if _checked is None:
