@@ -57,3 +57,18 @@ def test_quantized_layers_replace_and_free_the_float_weights():
     assert layer.gate_up_weight.numel() == 0 and layer.qkv_weight.numel() == 0
     assert model.embed.numel() == 272 * 256  # the embedding stays float
     assert runs["int8"] != runs["none"]  # other weights, other logprobs
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu", "cpu-kernels"])
+def test_int4_on_every_compute_backend(backend):
+    """The quantized handles run on each backend (mixed into it), bit-identical cold
+    against warm, and the same bits on every backend (the linears are the same kernel;
+    the other ops are each backend's, exact against torch's in float32)."""
+    from prefixcache.model.quantize import QuantizedLinears
+
+    llm, cold, warm = cold_then_warm("builtin:tiny", quantization="int4",
+                                     compute_backend=backend)
+    assert isinstance(llm.engine.model.backend, QuantizedLinears)
+    assert signature(warm) == signature(cold)
+    _, ref, _ = cold_then_warm("builtin:tiny", quantization="int4", compute_backend="torch")
+    assert signature(cold)[0] == signature(ref)[0]
