@@ -160,10 +160,10 @@ def load_gguf_quantized(model: PagedLlama, files: list[Path], gguf_file: Path) -
     Raises:
         ValueError: a missing, unexpected or mis-shaped tensor (named).
     """
-    with ExitStack() as stack:
-        f = stack.enter_context(safe_open(str(gguf_cache.codes_file(gguf_file)),
-                                          framework="pt", device="cpu"))
+    codes_path = gguf_cache.codes_file(gguf_file)
+    with safe_open(str(codes_path), framework="pt", device="cpu") as f:
         bits = json.loads((f.metadata() or {})["bits"])
+    with ExitStack() as stack:  # norms and biases; closed before the codes are read
         owner = {}
         for w in files:
             handle = stack.enter_context(safe_open(str(w), framework="pt", device="cpu"))
@@ -171,6 +171,7 @@ def load_gguf_quantized(model: PagedLlama, files: list[Path], gguf_file: Path) -
         check_hf_keys(model, set(owner), str(files[0].parent))
         load_hf_weights(model, lambda key: owner[key].get_tensor(key),
                         skip=lambda key: key in bits)
+    with safe_open(str(codes_path), framework="pt", device="cpu") as f:
 
         def codes_of(name: str) -> AffineCodes:  # read one matrix at a time
             return AffineCodes(f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scale"),
@@ -183,7 +184,7 @@ def load_gguf_quantized(model: PagedLlama, files: list[Path], gguf_file: Path) -
             model.embed.data = torch.empty(0, dtype=model.dtype)
         else:
             model.embed.copy_(codes_of(embed).dequantize())
-        return total
+    return total
 
 
 def weights_layout(model: str, quantization: str) -> str:
