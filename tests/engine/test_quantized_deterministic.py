@@ -31,9 +31,11 @@ def cold_then_warm(model, **kw):
     return llm, cold, warm
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8", "none"])
-def test_cold_warm_bit_identical_on_quantized_weights(quantization):
-    llm, cold, warm = cold_then_warm("builtin:tiny", quantization=quantization)
+@pytest.mark.parametrize("quantization,dtype", [("int4", "float32"), ("int8", "float32"),
+                                                ("none", "float32"), ("none", "bfloat16"),
+                                                ("int4", "bfloat16")])
+def test_cold_warm_bit_identical_on_quantized_weights(quantization, dtype):
+    llm, cold, warm = cold_then_warm("builtin:tiny", quantization=quantization, dtype=dtype)
     assert warm.num_cached_tokens == 48 and cold.num_cached_tokens == 0
     assert signature(warm) == signature(cold)
     layout = "" if quantization == "none" else f":{quantization}"
