@@ -10,14 +10,14 @@ of a float weight (:meth:`AffineCodes.from_float`, for ``--quantization int4|int
 :class:`Int4Linear` runs it. Codes of up to 4 bits are one int4 plane; codes of 5 to 8
 bits are split into two planes, ``code = 16 * high + low``, laid side by side along the
 input dimension, and the activations are repeated once: one kernel call computes
-``x @ (high_plane * 16 * scale).T + x @ (low_plane * scale + offset').T``. Measured on this
-project's CPU (one thread, one row, ``576 x 49,152``): float32 ``F.linear`` 34.7 ms, one
-plane 10.1 ms, two planes 11.3 ms (loaded machine; ``benchmarks/quantized/RESULTS.md``).
-torch's int8 weight-only op (``_weight_int8pack_mm``) is about 12 times slower than
-float32 here, so 8-bit codes use two int4 planes instead.
+``x @ (high_plane * 16 * scale).T + x @ (low_plane * scale + offset').T``; two planes cost
+little more than one and much less than float32 (``benchmarks/quantized/RESULTS.md``).
+torch's int8 weight-only op (``_weight_int8pack_mm``, per-channel scales only) is far
+slower than float32 on this project's CPU (same file), so 8-bit codes use two int4 planes
+instead.
 
 Precision: the kernel is fast only with bfloat16 activations and bfloat16 scales/zeros
-(float32 activations take its reference path, 15-30 times slower than float32
+(float32 or float16 activations take its reference path, many times slower than float32
 ``F.linear``), so activations, scales and zero points are rounded to bfloat16 and the
 output is bfloat16 before it is cast back to ``x``'s dtype. :func:`error_bound` states the
 resulting bound against the float product with the dequantized weight; it is tested.
