@@ -145,8 +145,8 @@ class Int4Linear:
         codes: the weight ``[out, in]`` (``in % 32 == 0``; group sizes 32, 64, 128, 256).
         bias: ``[out]`` or None (applied in ``x``'s dtype).
 
-    Raises:
-        ValueError: on the CPU, ``out`` not a multiple of 16 (the kernel's packing).
+    ``out`` need not be a multiple of 16 (the kernel's packing): zero rows are added and
+    cut from the output.
 
     Attributes:
         out_features, in_features, bits, group, planes (1 or 2); ``nbytes``: memory held.
@@ -164,11 +164,14 @@ class Int4Linear:
             self.packed = torch.empty(0, dtype=torch.uint8, device=device)
             self.scale_zero = torch.empty(0, dtype=torch.bfloat16, device=device)
             return
-        if self.out_features % 16:
-            raise ValueError(f"a weight of {self.out_features} output rows cannot be packed "
-                             "for the int4 kernel (a multiple of 16 is needed)")
+        pad = -self.out_features % 16  # the kernel packs 16 rows at a time
+        if pad:  # zero rows (scale 0, offset 0), cut from the output
+            codes = AffineCodes.cat([codes, AffineCodes(
+                torch.zeros(pad, self.in_features, dtype=torch.uint8),
+                torch.zeros(pad, codes.scale.shape[1]), torch.zeros(pad, codes.scale.shape[1]),
+                codes.bits, codes.group)])
         packed, scale_zero = [], []
-        for start in range(0, self.out_features, _PACK_ROWS):  # int32 copies stay small
+        for start in range(0, self.out_features + pad, _PACK_ROWS):  # small int32 copies
             end = start + _PACK_ROWS
             chunk = AffineCodes(codes.codes[start:end], codes.scale[start:end],
                                 codes.offset[start:end], codes.bits, codes.group)
@@ -196,6 +199,8 @@ class Int4Linear:
                 xb = torch.cat([xb, xb], dim=-1)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), self.packed,
                                                            self.group, self.scale_zero)
+            if y.shape[-1] != self.out_features:
+                y = y[:, :self.out_features]
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
