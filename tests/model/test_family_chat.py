@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from helpers.hf_models import make_hf_model, save_hf_model
 from prefixcache import LLM, SamplingParams
 from prefixcache.text.loading import tokenizer_for_model
+from prefixcache.text.tool_prompt import tool_instructions
 
 # trimmed from the families' own templates: same markers and structure
 TEMPLATES = {
@@ -82,8 +83,9 @@ RENDERED = {
     "qwen3": ("<|im_start|>system\nyou are kind\n\n# Tools\n<tools>\n"
               + json.dumps(TOOLS[0]) + "\n</tools><|im_end|>\n<|im_start|>user\n"
               "weather in paris<|im_end|>\n<|im_start|>assistant\n"),
-    "gemma3": ("<bos><start_of_turn>user\nyou are kind\n\nweather in paris<end_of_turn>\n"
-               "<start_of_turn>model\n"),
+    # no tool list in the template: the Hermes fallback writes it into the system turn
+    "gemma3": ("<bos><start_of_turn>user\nyou are kind\n\n" + tool_instructions(TOOLS)
+               + "\n\nweather in paris<end_of_turn>\n<start_of_turn>model\n"),
     "phi3": ("<|system|>\nyou are kind<|tool|>" + json.dumps(TOOLS) + "<|/tool|><|end|>\n"
              "<|user|>\nweather in paris<|end|>\n<|assistant|>\n"),
 }
