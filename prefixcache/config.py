@@ -31,6 +31,10 @@ HASH_SEED_ENV = "PREFIXCACHE_HASH_SEED"
 COMPUTE_BACKENDS = ("auto", "torch", "cpu", "cpu-kernels")
 
 
+# --quantization: how linear weights are held (prefixcache.model.quantize)
+QUANTIZATION_MODES = ("auto", "none", "int4", "int8")
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """The torch dtype of a name or alias in :data:`DTYPES`, or of a supported
     ``torch.dtype`` (float32, bfloat16, float16).
@@ -108,6 +112,10 @@ class EngineConfig:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         dtype: a name or alias in :data:`DTYPES`; stored as its canonical name
             (``"float32"``, ``"bfloat16"``, ``"float16"``); ``torch_dtype`` is the resolved one.
+        quantization: how linear weights are held, one of :data:`QUANTIZATION_MODES`:
+            ``auto`` keeps a GGUF file's quantized layout (others float), ``none`` float in
+            ``dtype``, ``int4``/``int8`` weight-only codes per 32 input columns
+            (:mod:`prefixcache.model.quantize`).
         compute_backend: the model's compute backend, chosen once at load (one of
             :data:`COMPUTE_BACKENDS`; ``cpu`` and ``cpu-kernels`` need a CPU ``device``).
         deterministic: batch-invariant arithmetic; cold and warm runs are bit-identical.
@@ -182,6 +190,9 @@ class EngineConfig:
     device: str = field(default="cpu", metadata=_opt("cpu, cuda or cuda:N"))
     dtype: str = field(default="float32", metadata=_opt(
         "weights and KV dtype: " + ", ".join(DTYPES)))
+    quantization: str = field(default="auto", metadata=_opt(
+        "linear weights: auto (a GGUF file stays quantized), none (float), int4 or int8 "
+        "(weight-only, group size 32)"))
     compute_backend: str = field(default="auto", metadata=_opt(
         "the model's compute backend, chosen once at load: " + ", ".join(COMPUTE_BACKENDS)
         + " (auto: torch off the CPU; on the CPU, the C++ kernels where the CPU has "
@@ -257,6 +268,8 @@ class EngineConfig:
         need(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
              "must be >= 2")
         self.dtype = dtype_name(self.dtype)
+        need(self.quantization in QUANTIZATION_MODES, "quantization",
+             f"must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
         need(self.compute_backend in COMPUTE_BACKENDS, "compute_backend",
              f"must be one of {', '.join(COMPUTE_BACKENDS)}, got {self.compute_backend!r}")
         need(self.cache_aware_window_s >= 0, "cache_aware_window_s", "must be >= 0")

@@ -68,6 +68,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         self.loaded = loaded or load_model(config.model, device=config.device,
                                            dtype=config.torch_dtype, revision=config.revision,
+                                           quantization=config.quantization,
                                            compute_backend=config.compute_backend)
         self.model = self.loaded.model
         self.model_config = self.loaded.config

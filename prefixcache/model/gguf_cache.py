@@ -1,6 +1,8 @@
 """The GGUF conversion cache: the first load of a GGUF file writes a Hugging Face directory
 (``model.safetensors`` in float32, ``config.json``, tokenizer files) that later loads read
-in a few seconds.
+in a few seconds; the first quantized load also writes the file's matrices as affine codes
+(:func:`codes_file`, ``quantized-v<CODES_VERSION>.safetensors`` beside the entry), which
+saves later loads from parsing the GGUF file (its tokenizer metadata alone takes seconds).
 
 Layout: ``cache_root()/<sha256 of the file>-v<FORMAT_VERSION>/``, plus ``sha256.json``
 (file sha256 by (path, size, mtime), so an unchanged file is hashed once). Publish after
@@ -24,6 +26,7 @@ import numpy as np
 import prefixcache.model.gguf as gguf
 
 FORMAT_VERSION = 1
+CODES_VERSION = 1
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 22
 log = logging.getLogger(__name__)
@@ -110,6 +113,70 @@ def converted_dir(gguf_path: Path, root: Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry
+
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def is_quantized(gguf_path: Path, root: Path | None = None) -> bool:
+    """Whether any matrix (2-D tensor) of the GGUF file has a quantized type (not
+    F32/F16/BF16); remembered beside the cache entries by the file's sha256, so the
+    file's metadata is parsed once.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`converted_dir`.
+    """
+    root = root or cache_root()
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
+    path = root / f"{file_sha256(gguf_path, root)}-types.json"
+    try:
+        types = json.loads(path.read_text())
+    except (OSError, ValueError):
+        reader = gguf.open_reader(gguf_path)
+        types = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) == 2})
+        root.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, json.dumps(types))
+    return any(t not in FLOAT_TYPES for t in types)
+
+
+def codes_file(gguf_path: Path, root: Path | None = None) -> Path:
+    """A safetensors file of the GGUF file's matrices as affine codes (per HF name ``N``:
+    ``N.codes`` uint8, ``N.scale`` and ``N.offset`` float32; metadata ``bits``, a JSON map
+    of name to code width), built on first use and published by rename.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`converted_dir`.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    import prefixcache.model.gguf_quant as gguf_quant
+
+    root = root or cache_root()
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
+    path = root / f"{file_sha256(gguf_path, root)}-quantized-v{CODES_VERSION}.safetensors"
+    if path.is_file():
+        return path
+    reader = gguf.open_reader(gguf_path)
+    gguf.check_supported(reader)
+    tensors: dict[str, torch.Tensor] = {}
+    bits: dict[str, int] = {}
+    for name, c in gguf_quant.quantized_matrices(reader, gguf.hf_config(reader)):
+        tensors |= {f"{name}.codes": c.codes, f"{name}.scale": c.scale,
+                    f"{name}.offset": c.offset}
+        bits[name] = c.bits
+    root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=root)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt", "bits": json.dumps(bits)})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
 
 
 def convert(gguf_path: Path, out: Path) -> None:

@@ -45,6 +45,7 @@ from prefixcache.model.backend import Allocator, ComputeBackend, TorchBackend
 from prefixcache.model.config import ModelConfig, RopeScaling
 from prefixcache.model.forward_batch import ForwardBatch
 from prefixcache.model.kv_pool import KVPool
+from prefixcache.model.quantized_linear import AffineCodes
 from prefixcache.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -220,6 +221,8 @@ class PagedLlama(nn.Module):
         self.layer_ropes = [self.local_rope if w is not None else self.rope
                             for w in config.layer_sliding_windows]
         self._lm_head = backend.prepare_linear(self.lm_head)
+        # set (and ``embed`` emptied) when the embedding is kept as codes
+        self.embed_codes: AffineCodes | None = None
 
     @property
     def decoder_layers(self) -> list[DecoderLayer]:
@@ -264,9 +267,16 @@ class PagedLlama(nn.Module):
         return max((s.ctx_len for s in batch.seqs), default=0)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Embeddings ``[T, hidden]`` of int64 ``input_ids [T]``, times ``embed_scale``
-        (Gemma) in the model's dtype."""
-        x = F.embedding(input_ids, self.embed)
+        """Embeddings ``[T, hidden]`` (model dtype) of int64 ``input_ids [T]``: ``embed``'s
+        rows, or the rows of :attr:`embed_codes` dequantized (``code * scale + offset`` in
+        float32, as the float reference computes them); times ``embed_scale`` (Gemma)."""
+        if self.embed_codes is None:
+            x = F.embedding(input_ids, self.embed)
+        else:
+            c, n = self.embed_codes, input_ids.shape[0]
+            rows = c.codes[input_ids].view(n, -1, c.group).float()
+            w = rows * c.scale[input_ids][..., None] + c.offset[input_ids][..., None]
+            x = w.view(n, -1).to(self.dtype)
         scale = self.config.embed_scale
         return x if scale is None else x * torch.tensor(scale, dtype=self.dtype)
 

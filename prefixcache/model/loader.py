@@ -17,7 +17,9 @@ import torch
 from safetensors import safe_open
 
 import prefixcache.model.builtin as builtin
+import prefixcache.model.gguf_cache as gguf_cache
 import prefixcache.model.hub as hub
+import prefixcache.model.quantize as quantize
 import prefixcache.model.registry as registry
 from prefixcache.config import COMPUTE_BACKENDS, resolve_dtype
 from prefixcache.model.backend import ComputeBackend, TorchBackend
@@ -26,6 +28,7 @@ from prefixcache.model.cpu import host_memory
 from prefixcache.model.cpu.backend import CpuKernelBackend
 from prefixcache.model.cpu.kernels import build as kernels
 from prefixcache.model.llama import PagedLlama
+from prefixcache.model.quantized_linear import AffineCodes
 from prefixcache.model.weights import check_hf_keys, load_hf_weights
 from prefixcache.text.loading import tokenizer_for_model
 from prefixcache.text.tokenizer import Tokenizer
@@ -149,15 +152,74 @@ def load_weights(model: PagedLlama, files: list[Path]) -> None:
         load_hf_weights(model, lambda key: owner[key].get_tensor(key))
 
 
+def load_gguf_quantized(model: PagedLlama, files: list[Path], gguf_file: Path) -> int:
+    """Fill ``model`` with a GGUF file's matrices kept in its layout
+    (:mod:`prefixcache.model.gguf_quant`, via :func:`quantize.apply`) and the other
+    tensors (norms, biases) from the converted directory's ``files``; on the CPU the
+    token embedding is kept as codes too (``PagedLlama.embed_codes``). The float matrices
+    are never written. Returns the bytes the quantized layers hold.
+
+    Raises:
+        ValueError: a missing, unexpected or mis-shaped tensor (named).
+    """
+    codes_path = gguf_cache.codes_file(gguf_file)
+    with safe_open(str(codes_path), framework="pt", device="cpu") as f:
+        bits = json.loads((f.metadata() or {})["bits"])
+    with ExitStack() as stack:  # norms and biases; closed before the codes are read
+        owner = {}
+        for w in files:
+            handle = stack.enter_context(safe_open(str(w), framework="pt", device="cpu"))
+            owner.update({key: handle for key in handle.keys()})
+        check_hf_keys(model, set(owner), str(files[0].parent))
+        load_hf_weights(model, lambda key: owner[key].get_tensor(key),
+                        skip=lambda key: key in bits)
+    with safe_open(str(codes_path), framework="pt", device="cpu") as f:
+
+        def codes_of(name: str) -> AffineCodes:  # read one matrix at a time
+            return AffineCodes(f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scale"),
+                               f.get_tensor(f"{name}.offset"), int(bits[name]))
+
+        total = quantize.apply(model, codes_of)
+        embed = "model.embed_tokens.weight"
+        if model.device.type == "cpu":  # the embedding as codes too: rows read per token
+            model.embed_codes = codes_of(embed)
+            model.embed.data = torch.empty(0, dtype=model.dtype)
+        else:
+            model.embed.copy_(codes_of(embed).dequantize())
+    return total
+
+
+def weights_layout(model: str, quantization: str, revision: str | None = None) -> str:
+    """How ``model``'s linear weights are held under ``quantization``
+    (:data:`quantize.MODES`): ``"float"``, ``"gguf"`` (a GGUF file's own layout, when
+    ``auto`` and the file has quantized matrices; an F32/F16/BF16 file stays float),
+    ``"int4"`` or ``"int8"``. Part of the model's ``cache_id`` when not ``"float"``: other
+    weights give other KV.
+
+    Raises:
+        ValueError: an unknown ``quantization`` (named).
+    """
+    quantize.check_mode(quantization)
+    if quantization in quantize.BITS:
+        return quantization
+    if quantization != "auto" or model.startswith("builtin:"):
+        return "float"
+    gguf_file = gguf_cache.find_gguf(registry.resolve(model, revision))
+    return "gguf" if gguf_file is not None and gguf_cache.is_quantized(gguf_file) else "float"
+
+
 def load_model(model: str, device: torch.device | str = "cpu",
                dtype: torch.dtype | str = torch.float32,
+               quantization: str = "auto",
                compute_backend: str | ComputeBackend = "auto",
                revision: str | None = None) -> LoadedModel:
     """Load ``model`` (a directory, a ``.gguf`` file, a registered name such as
     ``"smollm2-135m-instruct-q4_1"``, a hub id such as ``"Qwen/Qwen3-0.6B"`` at
     ``revision``, or ``"builtin:tiny"``) onto ``device`` in ``dtype``
     (a ``torch.dtype``, as ``EngineConfig.torch_dtype`` gives it; a name or alias is
-    resolved through the same table, ``prefixcache.config.DTYPES``), running on the
+    resolved through the same table, ``prefixcache.config.DTYPES``), its linear layers
+    as ``quantization`` says (:mod:`prefixcache.model.quantize`: ``auto`` keeps a GGUF
+    file's quantized layout, ``none``, ``int4``, ``int8``), running on the
     compute backend ``compute_backend``: a name (:func:`make_backend`, chosen here once) or
     a backend built already (A/B benchmarks).
 
@@ -169,9 +231,11 @@ def load_model(model: str, device: torch.device | str = "cpu",
         ValueError: unknown builtin name, ``revision`` for a model that is not a hub id,
             unsupported architecture (named, with the supported ones)/RoPE/dtype/GGUF tensor
             type, or weights that do not match the config (the message names the file or
-            key); a bad ``compute_backend`` (see :func:`make_backend`).
+            key); a bad ``compute_backend`` (see :func:`make_backend`); an unknown
+            ``quantization``.
     """
     dtype = resolve_dtype(dtype)
+    layout = weights_layout(model, quantization, revision)
     backend = (compute_backend if isinstance(compute_backend, ComputeBackend)
                else make_backend(compute_backend, device, dtype))  # builds the CPU kernels
     if torch.device(device).type == "cpu":
@@ -181,23 +245,38 @@ def load_model(model: str, device: torch.device | str = "cpu",
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
         net = builtin.build_tiny_model(device, dtype, backend)
+        if layout in quantize.BITS:
+            quantize.from_float(net, quantize.BITS[layout])
         net.prepack()
         return LoadedModel(net, net.config, builtin.tiny_tokenizer(), model,
-                           builtin.CHAT_TEMPLATE)
+                           builtin.CHAT_TEMPLATE, cache_id=_with_layout(model, layout))
     path = _model_path(model, revision)
     config = ModelConfig.from_dir(path)
     files = weight_files(path)
     net = PagedLlama(config, device, dtype, backend)
-    load_weights(net, files)
+    if layout == "gguf":
+        gguf_file = gguf_cache.find_gguf(registry.resolve(model, revision))
+        assert gguf_file is not None
+        load_gguf_quantized(net, files, gguf_file)
+    else:
+        load_weights(net, files)
+        if layout in quantize.BITS:
+            quantize.from_float(net, quantize.BITS[layout])
     net.eval()
     net.prepack()
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
     cache_id = _cache_id(model, path)
     return LoadedModel(net, config, tokenizer, model.rstrip("/") or model,
-                       tokenizer.chat_template if tokenizer else None, path, cache_id)
+                       tokenizer.chat_template if tokenizer else None, path,
+                       _with_layout(cache_id or model.rstrip("/") or model, layout))
 
 
-def load_tokenizer(model: str, revision: str | None = None) -> tuple[Tokenizer | None, str]:
+def _with_layout(base: str, layout: str) -> str:
+    return base if layout == "float" else f"{base}:{layout}"
+
+
+def load_tokenizer(model: str, revision: str | None = None,
+                   quantization: str = "auto") -> tuple[Tokenizer | None, str]:
     """The tokenizer of ``model`` (as :func:`load_model` gives it, chat template
     included) and its ``cache_id``, without loading the weights: what a router needs to
     compute the engines' page hashes.
@@ -209,12 +288,14 @@ def load_tokenizer(model: str, revision: str | None = None) -> tuple[Tokenizer |
         if model not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
-        return builtin.tiny_tokenizer(), model
+        return builtin.tiny_tokenizer(), _with_layout(
+            model, weights_layout(model, quantization))
     path = _model_path(model, revision)
     config = ModelConfig.from_dir(path)
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
     cache_id = _cache_id(model, path)
-    return tokenizer, cache_id or (model.rstrip("/") or model)
+    return tokenizer, _with_layout(cache_id or (model.rstrip("/") or model),
+                                   weights_layout(model, quantization, revision))
 
 
 def _model_path(model: str, revision: str | None) -> Path:

@@ -57,6 +57,17 @@ def _layer_names(model: PagedLlama) -> dict[str, list[str]]:
     return {k: v for k, v in names.items() if layer is None or getattr(layer, k) is not None}
 
 
+_LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
+
+
+def linear_weight_names(model: PagedLlama) -> dict[str, list[str]]:
+    """Our projection weight name (``qkv_weight``, ``o_weight``, ``gate_up_weight``,
+    ``down_weight``) -> the HF names under ``model.layers.N.`` whose rows it concatenates
+    (one fused name for Phi-3's q/k/v and gate/up)."""
+    names = _layer_names(model)
+    return {k: names[k] for k in _LINEARS}
+
+
 _NORMS = ("input_norm", "post_norm", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm")
 
 
@@ -91,12 +102,15 @@ def check_hf_keys(model: PagedLlama, available: set[str], source: str) -> None:
 
 
 @torch.inference_mode()
-def load_hf_weights(model: PagedLlama, get: Callable[[str], torch.Tensor]) -> None:
+def load_hf_weights(model: PagedLlama, get: Callable[[str], torch.Tensor],
+                    skip: Callable[[str], bool] = lambda name: False) -> None:
     """Copy HF-named tensors into ``model`` (converted to its dtype and device).
 
     Args:
         get: returns the tensor of an HF name (any device/dtype). Call
             :func:`check_hf_keys` first for a readable error on missing names.
+        skip: names not to copy (their tensors are left unwritten: a quantized layer
+            replaces them); a fused weight is skipped when its first part is.
 
     Raises:
         ValueError: a tensor's shape does not match the config (message names it).
@@ -105,6 +119,8 @@ def load_hf_weights(model: PagedLlama, get: Callable[[str], torch.Tensor]) -> No
     offset = model.config.norm_weight_offset
 
     def put(dst: torch.Tensor, *names: str, norm: bool = False) -> None:
+        if skip(names[0]):
+            return
         parts = [get(n) for n in names]
         src = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
         if src.shape != dst.shape:

@@ -1,7 +1,8 @@
 """Write a random-weight Hugging Face model as a GGUF file the way llama.cpp's converter
 lays it out (tensor names, metadata keys, the Llama Q/K row permutation, Gemma's ``1 + w``
 norms, Phi-3's fused tensors and LongRoPE factor tensors), with the PyPI ``gguf`` package.
-Test scaffolding: float weights only (``F32`` or ``F16``)."""
+Test scaffolding: weights in ``F32``, ``F16`` or ``Q8_0`` (the gguf package's own
+quantizer)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -96,6 +97,10 @@ def write_family_gguf(hf: transformers.PreTrainedModel, path: Path, qtype: str =
             a = a + 1.0  # llama.cpp stores Gemma's (1 + w)
         if a.ndim == 2 and qtype == "F16":
             a = a.astype(np.float16)
+        if a.ndim == 2 and qtype == "Q8_0":
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(gguf_name(hf_key, arch), gguf.quants.quantize(a, q8), raw_dtype=q8)
+            continue
         w.add_tensor(gguf_name(hf_key, arch), a)
     w.write_header_to_file()
     w.write_kv_data_to_file()

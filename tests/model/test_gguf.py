@@ -135,7 +135,7 @@ def test_logits_equal_transformers_gguf_load(tmp_path, cache_dir, kind, qtype, a
     file = write_gguf(make_hf_model(kind), tmp_path / f"{kind}.{qtype}.gguf", qtype, arch, name)
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file=file.name, dtype=torch.float32).eval()
-    loaded = load_model(str(file))
+    loaded = load_model(str(file), quantization="none")
     expected_arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                      "qwen2": "Qwen2ForCausalLM"}[kind]
     assert loaded.config.architecture == expected_arch
@@ -167,7 +167,7 @@ def test_k_quant_files_equal_transformers_gguf_load(tmp_path, cache_dir, qtype):
     assert {t.tensor_type.name for t in reader.tensors} == {"F32", qtype}
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file=file.name, dtype=torch.float32).eval()
-    loaded = load_model(str(file))
+    loaded = load_model(str(file), quantization="none")
     ids = prompt()
     got, ref = our_logits(loaded, ids), hf_logits(ref_model, ids)
     assert torch.isfinite(got).all() and got.std() > 1e-2  # weights really vary
@@ -186,7 +186,8 @@ def test_f32_file_equals_the_original_hf_model(tmp_path, cache_dir, kind):
     (transformers' GGUF loader drops Llama biases and cannot read Mistral, so the source
     model is the reference)."""
     hf = make_hf_model(kind)
-    loaded = load_model(str(write_gguf(hf, tmp_path / "m.gguf", name=f"{kind}-tiny")))
+    loaded = load_model(str(write_gguf(hf, tmp_path / "m.gguf", name=f"{kind}-tiny")),
+                        quantization="none")
     assert loaded.config.architecture == type(hf).__name__
     assert loaded.config.qkv_bias == loaded.config.o_bias == (kind == "llama_bias")
     ids = prompt(40, seed=2)
@@ -197,14 +198,14 @@ def test_directory_holding_one_gguf_loads_and_the_cache_is_reused(tmp_path, cach
     d = tmp_path / "m"
     d.mkdir()
     file = write_gguf(make_hf_model("qwen2"), d / "q.gguf", "Q8_0")
-    first = load_model(str(d))
+    first = load_model(str(d), quantization="none")
     entries = [p for p in cache_dir.iterdir() if p.is_dir()]
     assert len(entries) == 1 and first.path == entries[0]
     assert entries[0].name == f"{gguf_cache._sha256(file)}-v{gguf_cache.FORMAT_VERSION}"
     manifest = json.loads((entries[0] / "manifest.json").read_text())
     assert sorted(manifest["files"]) == ["config.json", "model.safetensors"]
     mtime = (entries[0] / "model.safetensors").stat().st_mtime_ns
-    second = load_model(str(d))
+    second = load_model(str(d), quantization="none")
     assert (entries[0] / "model.safetensors").stat().st_mtime_ns == mtime  # not rebuilt
     ids = prompt()
     assert torch.equal(our_logits(first, ids), our_logits(second, ids))
@@ -223,7 +224,7 @@ def test_directory_holding_one_gguf_loads_and_the_cache_is_reused(tmp_path, cach
 def test_a_damaged_cache_entry_is_rebuilt(tmp_path, cache_dir, damage):
     file = write_gguf(make_hf_model("llama"), tmp_path / "m.gguf", "Q8_0")
     ids = prompt()
-    want = our_logits(load_model(str(file)), ids)
+    want = our_logits(load_model(str(file), quantization="none"), ids)
     entry = next(p for p in cache_dir.iterdir() if p.is_dir())
     weights = entry / "model.safetensors"
     if damage == "truncate":
@@ -235,7 +236,7 @@ def test_a_damaged_cache_entry_is_rebuilt(tmp_path, cache_dir, damage):
     else:
         (entry / ("manifest.json" if damage == "delete_manifest" else "config.json")).unlink()
     assert gguf_cache.verify(entry) is not None
-    got = our_logits(load_model(str(file)), ids)
+    got = our_logits(load_model(str(file), quantization="none"), ids)
     assert gguf_cache.verify(entry) is None
     assert torch.equal(got, want)
     assert [p.name for p in cache_dir.iterdir() if p.is_dir()] == [entry.name]  # no temp left
@@ -301,8 +302,8 @@ def test_unpermute_inverts_llama_cpp_permutation():
 
 def test_loads_in_the_engines_dtype_from_the_same_cache_entry(tmp_path, cache_dir):
     file = write_gguf(make_hf_model("qwen2"), tmp_path / "m.gguf", "Q8_0")
-    fp32 = load_model(str(file))
-    bf16 = load_model(str(file), dtype=torch.bfloat16)
+    fp32 = load_model(str(file), quantization="none")
+    bf16 = load_model(str(file), dtype=torch.bfloat16, quantization="none")
     assert bf16.model.embed.dtype == torch.bfloat16 and fp32.model.embed.dtype == torch.float32
     assert torch.equal(bf16.model.embed, fp32.model.embed.to(torch.bfloat16))
     assert len([p for p in cache_dir.iterdir() if p.is_dir()]) == 1  # one float32 entry

@@ -32,7 +32,9 @@ MIXED = ("Hello, wörld! Ünïcödé — naïve café. Привет, мир! 你
 
 @pytest.fixture(scope="module")
 def ours() -> LLM:
-    return LLM(NAME, block_size=16, num_pages=256)
+    # the float32 reference (the file dequantized), as transformers reads it; the quantized
+    # default is tests/engine/test_quantized_gguf.py's
+    return LLM(NAME, block_size=16, num_pages=256, quantization="none")
 
 
 @pytest.fixture(scope="module")

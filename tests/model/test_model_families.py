@@ -241,6 +241,48 @@ def test_gguf_written_from_the_random_model_matches_transformers(models, tmp_pat
                                atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_quantized_gguf_runs_on_int4_codes_near_its_float_load(models, tmp_path,
+                                                                monkeypatch, kind):
+    """Each family as a Q8_0 GGUF file: ``quantization="auto"`` keeps every projection and
+    ``lm_head`` as 8-bit codes (two int4 planes; Phi-3's fused qkv/gate_up included) and the
+    embedding as codes (Gemma: times its embed_scale); its logits stay within 3% of the
+    largest logit of the same file dequantized (``quantization="none"``), cold and warm;
+    ``int8`` (codes from the dequantized weights, split by HF name: requantized, so
+    within 5%)."""
+    from helpers.family_gguf import write_family_gguf
+    from prefixcache.model.quantized_linear import Int4Linear
+
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path / "cache"))
+    path = str(write_family_gguf(models[kind][0], tmp_path / f"{kind}.gguf", qtype="Q8_0"))
+    ours = load_model(path, quantization="auto")
+    ref = load_model(path, quantization="none")
+    assert ours.cache_id == ref.cache_id + ":gguf"
+    net = ours.model
+    for layer in net.decoder_layers:
+        for handle in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
+            assert isinstance(handle, Int4Linear) and handle.planes == 2
+    assert isinstance(net._lm_head, Int4Linear)
+    assert net.embed_codes is not None and net.embed.numel() == 0
+    assert not isinstance(ref.model.decoder_layers[0].qkv_proj, Int4Linear)
+    ids = prompt(61, seed=12)
+    want = PagedRunner(ref.model, seed=9).prefill(Seq(), ids, all_logits=True)
+    runner = PagedRunner(net, seed=9)
+    first = Seq()
+    got = runner.prefill(first, ids, all_logits=True)
+    bound = 0.03 * want.abs().max().item()
+    torch.testing.assert_close(got, want, atol=bound, rtol=0)
+    warm = runner.fork(first, 48)
+    torch.testing.assert_close(runner.step([(warm, ids[48:])], all_logits=True)[0],
+                               want[48:], atol=bound, rtol=0)
+    int8 = load_model(path, quantization="int8")  # min/max codes from the float weights
+    assert int8.cache_id == ref.cache_id + ":int8"
+    assert isinstance(int8.model.decoder_layers[0].gate_up_proj, Int4Linear)
+    torch.testing.assert_close(PagedRunner(int8.model, seed=9).prefill(Seq(), ids,
+                                                                       all_logits=True),
+                               want, atol=bound * 5 / 3, rtol=0)  # twice quantized: 5%
+
+
 def test_longrope_rotates_each_position_by_its_own_factors(models):
     """Below original_max_position_embeddings the short factors, from it on the long ones,
     per position (so cached KV stays valid as a sequence grows); cos/sin scaled by the
