@@ -149,7 +149,8 @@ class RequestPreparer:
                 namespace, text, lambda t: self.tokenizer.encode(t, add_special_tokens=False))
         try:
             text, ids = await self._off_loop(render)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:  # TypeError: text the tokenizer refuses
+            # (a lone surrogate, from a \ud800 escape in a tool call's arguments)
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from None
         await self._validate(ids, params, rename)
         top = (req.top_logprobs or 0) if req.logprobs else None

@@ -22,12 +22,15 @@ A constrained choice is a grammar (:func:`forced_grammar`, built with
 call object per tool, ``{"name": <the tool's name>, "arguments": <its parameters
 schema>}`` (``"parameters"`` for ``llama3_json``), with ``json.dumps`` spacing, so a
 forced call renders back through the template exactly as it was generated.
-``parallel_tool_calls: false`` and a named function allow exactly one call. The
+A named function allows exactly one call, and so does ``required`` unless the request
+sets ``parallel_tool_calls: true`` (a model that does not end its turn after a call
+would otherwise repeat it up to ``max_tokens``). The
 ``mistral`` syntax's markers are special tokens, which a grammar cannot write: a forced
 choice there is a 400 naming ``tool_choice``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,10 +67,14 @@ class ToolPlan:
     choice: str
     tools: list[dict[str, Any]] = field(default_factory=list)
     parallel: bool = True
+    parallel_asked: bool | None = None  # ``parallel_tool_calls`` as the request sent it
 
     @property
     def forced(self) -> bool:
         return self.choice != "auto"
+
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -83,16 +90,17 @@ def check_tools(tools: Any) -> list[dict[str, Any]]:
         if not isinstance(fn, dict):
             raise bad_request(f"{at}.function must be an object", f"{at}.function")
         name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise bad_request(f"{at}.function.name must be a non-empty string",
-                              f"{at}.function.name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise bad_request(f"{at}.function.name must be 1-64 letters, digits, '_' or "
+                              f"'-' (as OpenAI requires), got {name!r}", f"{at}.function.name")
         if name in seen:
             raise bad_request(f"{at}.function.name {name!r} is defined twice",
                               f"{at}.function.name")
         seen.add(name)
         params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, dict):
-            raise bad_request(f"{at}.function.parameters must be a JSON schema object",
+        if not isinstance(params, dict) or params.get("type", "object") != "object":
+            raise bad_request(f"{at}.function.parameters must be a JSON schema of an object "
+                              "(the call's arguments are an object)",
                               f"{at}.function.parameters")
         if not isinstance(fn.get("description", ""), str):
             raise bad_request(f"{at}.function.description must be a string",
@@ -124,7 +132,7 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, parser_name:
         raise bad_request("tool_choice 'required' needs a non-empty tools list", "tool_choice")
     if choice == "none" or not defs:
         return None
-    return ToolPlan(get_parser(parser_name), choice, defs, parallel is not False)
+    return ToolPlan(get_parser(parser_name), choice, defs, parallel is not False, parallel)
 
 
 # per parser: (begin, end, separator between calls, the arguments key)
@@ -149,7 +157,9 @@ def forced_grammar(plan: ToolPlan) -> str:
     schemas = [{"type": "object", "properties": {"name": {"const": t["name"]},
                                                  key: t["parameters"]},
                 "required": ["name", key], "additionalProperties": False} for t in tools]
-    one = plan.choice != "required" or not plan.parallel
+    # one call unless the client asked for parallel calls: a model that never ends its
+    # turn after a call (SmolLM2 under the fallback) would repeat it up to max_tokens
+    one = plan.choice != "required" or plan.parallel_asked is not True
     try:
         return tool_call_grammar(begin, schemas, end, 1, 1 if one else None, separator=sep)
     except ParamError as exc:

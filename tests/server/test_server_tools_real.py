@@ -95,3 +95,20 @@ def test_ten_call_agent_loop_hits_every_page_of_the_previous_call(smol):
         else:
             msgs.append({"role": "user", "content": "And the next city?"})
     assert forced_calls == 5
+
+
+def test_a_lone_surrogate_in_call_arguments_is_a_400_and_the_server_keeps_serving(smol):
+    """``"\\ud800"`` in a call's arguments decodes to text the tokenizer refuses: a 400
+    naming ``messages``, never a 500."""
+    c = openai.OpenAI(base_url=smol.v1, api_key="none", max_retries=0, timeout=300)
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "\\ud800x"}'}}
+    with pytest.raises(openai.BadRequestError) as exc:
+        c.chat.completions.create(model="smol", max_tokens=1, messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "ok"}])
+    assert exc.value.body["param"] == "messages"
+    r = c.chat.completions.create(model="smol", max_tokens=1, temperature=0,
+                                  messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].finish_reason in ("length", "stop")

@@ -29,6 +29,11 @@ G = {"type": "function", "function": {"name": "g"}}
     ([F, F], "auto", "tools[1].function.name"),
     ([{"type": "function", "function": {"name": "h", "parameters": []}}], "auto",
      "tools[0].function.parameters"),
+    ([{"type": "function", "function": {"name": "h", "parameters": {"type": "string"}}}],
+     "required", "tools[0].function.parameters"),
+    ([{"type": "function", "function": {"name": 'bad name!<>"'}}], "auto",
+     "tools[0].function.name"),
+    ([{"type": "function", "function": {"name": "x" * 65}}], "auto", "tools[0].function.name"),
 ])
 def test_bad_tools_and_tool_choice_are_400_naming_the_field(tools, choice, param):
     with pytest.raises(APIError) as exc:
@@ -60,6 +65,20 @@ def test_forced_grammar_by_syntax():
     with pytest.raises(APIError) as exc:
         forced_grammar(plan_tools([F], "required", None, "mistral"))
     assert exc.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize("parallel,calls_allowed", [(None, 1), (False, 1), (True, 2)])
+def test_required_allows_one_call_unless_parallel_calls_are_asked(parallel, calls_allowed):
+    """A model that never ends its turn after a call must not repeat it to max_tokens:
+    ``required`` allows a second call only with ``parallel_tool_calls: true``."""
+    from xgrammar import Grammar
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    grammar = Grammar.from_ebnf(forced_grammar(plan_tools([F], "required", parallel,
+                                                          "hermes")))
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    assert accepts(grammar, call)
+    assert accepts(grammar, call + "\n" + call) == (calls_allowed == 2)
 
 
 def test_reply_message_and_stream_deltas():
