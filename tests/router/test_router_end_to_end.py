@@ -8,7 +8,7 @@ import httpx
 
 from tests.helpers.wait import wait_until
 from tests.router.conftest import RouterThread
-from tests.server.live import expected_hit, free_port, labelled, unique_prompt
+from tests.server.live import expected_hit, free_port, labelled, scrape, unique_prompt
 
 ALICE = {"Authorization": "Bearer sk-alice"}
 BOB = {"Authorization": "Bearer sk-bob"}
@@ -21,12 +21,7 @@ def _complete(router, prompt: str, headers=ALICE, **extra) -> httpx.Response:
 
 
 def _metrics(router) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(router.base + "/metrics", timeout=60).text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(None, 1)
-            out[key] = float(value)
-    return out
+    return scrape(router.base)
 
 
 def _wait_confirmed(router, replica: int, hashes: list[bytes]) -> None:

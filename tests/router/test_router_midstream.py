@@ -11,7 +11,7 @@ import pytest
 
 from tests.router.broken_upstream import BrokenUpstream
 from tests.router.conftest import RouterThread
-from tests.server.live import labelled, unique_prompt
+from tests.server.live import labelled, scrape, unique_prompt
 
 ALICE = {"Authorization": "Bearer sk-alice"}
 
@@ -44,12 +44,7 @@ def broken_router(replicas, keys_file):
 
 
 def _metric(router, name: str, **labels) -> float:
-    out = {}
-    for line in httpx.get(router.base + "/metrics", timeout=60).text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(None, 1)
-            out[key] = float(value)
-    return labelled(out, name, **labels)
+    return labelled(scrape(router.base), name, **labels)
 
 
 def _on_broken_replica(router, body: dict, stream: bool):

@@ -105,13 +105,7 @@ class LiveServer:
     # -- helpers -------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         """``{name{labels}: value}`` of the current /metrics scrape."""
-        text = httpx.get(self.base + "/metrics", timeout=30).text
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, value = line.rsplit(None, 1)
-                out[key] = float(value)
-        return out
+        return scrape(self.base)
 
     def wait_idle(self, timeout: float = DEADLINE_S) -> dict[str, float]:
         """Poll /metrics until no request runs or waits and no page is live; that scrape."""
@@ -126,6 +120,16 @@ class LiveServer:
             f"an idle server (live={seen['kv_pages_live']} "
             f"running={seen['requests_running']} waiting={seen['requests_waiting']})"),
             deadline_s=timeout)
+
+
+def scrape(base: str) -> dict[str, float]:
+    """``{name{labels}: value}`` of ``base``'s /metrics (a server, router or gateway)."""
+    out = {}
+    for line in httpx.get(base + "/metrics", timeout=60).text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(None, 1)
+            out[key] = float(value)
+    return out
 
 
 def unique_prompt(n_words: int = 24) -> str:
