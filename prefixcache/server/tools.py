@@ -59,15 +59,20 @@ class ToolPlan:
         choice: ``"auto"``, ``"required"``, or the one function's name.
         tools: the request's function definitions (``{name, description?,
             parameters?}``), in order.
-        parallel: more than one call allowed (``parallel_tool_calls``): without it a
-            forced reply's grammar allows one call and a parsed reply keeps its first.
+        parallel_asked: ``parallel_tool_calls`` as the request sent it (``None``: not
+            sent).
     """
 
     parser: ToolParser | None
     choice: str
     tools: list[dict[str, Any]] = field(default_factory=list)
-    parallel: bool = True
-    parallel_asked: bool | None = None  # ``parallel_tool_calls`` as the request sent it
+    parallel_asked: bool | None = None
+
+    @property
+    def parallel(self) -> bool:
+        """More than one call allowed in a parsed reply (unless ``parallel_tool_calls`` is
+        false; a forced reply's grammar allows one unless it is true)."""
+        return self.parallel_asked is not False
 
     @property
     def forced(self) -> bool:
@@ -132,7 +137,7 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, parser_name:
         raise bad_request("tool_choice 'required' needs a non-empty tools list", "tool_choice")
     if choice == "none" or not defs:
         return None
-    return ToolPlan(get_parser(parser_name), choice, defs, parallel is not False, parallel)
+    return ToolPlan(get_parser(parser_name), choice, defs, parallel)
 
 
 # per parser: (begin, end, separator between calls, the arguments key)

@@ -39,8 +39,3 @@ def detect_parser(template: str | None) -> str | None:
     if "<|python_tag|>" in template or ('"parameters": ' in template and "ipython" in template):
         return "llama3_json"
     return None
-
-
-def template_reads_tools(template: str | None) -> bool:
-    """Whether the template renders the request's ``tools`` at all."""
-    return bool(template) and "tools" in str(template)

@@ -59,12 +59,11 @@ class StreamingToolParser:
         self._content = 0                 # characters of content sent
         self._ids: list[str] = []         # ids of the calls started
         self._args: list[str] = []        # arguments text sent, per call
-        self.calls_started = 0
 
     @property
-    def ids(self) -> list[str]:
-        """The ids of the calls sent so far, in order."""
-        return list(self._ids)
+    def calls_started(self) -> int:
+        """How many calls were sent (their name at least)."""
+        return len(self._ids)
 
     def feed(self, delta: str) -> list[Event]:
         """The events that ``delta`` (new text) makes certain."""
@@ -94,5 +93,4 @@ class StreamingToolParser:
             if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
                 events.append(ArgumentsDelta(i, call.arguments[len(sent):]))
                 self._args[i] = call.arguments
-        self.calls_started = len(self._ids)
         return events
