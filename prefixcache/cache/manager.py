@@ -290,6 +290,7 @@ class KVCacheManager:
                 child.pages.append(dst)
                 copies.append((page, dst))
         child.chain_refs = list(parent.chain_refs[:full])
+        child.hashes = list(parent.hashes[:full])  # same tokens, same chain: not hashed again
         child.dup_positions = [i for i in parent.dup_positions if i < full]
         child.num_computed_tokens = n
         child.admitted = True
@@ -343,13 +344,14 @@ class KVCacheManager:
         Raises:
             PoolError: the page is not cached-free.
         """
-        log = self.drop_log
+        log, lapsed = self.drop_log, self.pins.lapsed
+        pin_lapsed = lapsed is not None and page in lapsed
+        if pin_lapsed:  # on every drop: a page reused later must not inherit it
+            lapsed.discard(page)  # type: ignore[union-attr]
         if log is not None and cause is not None:
             h = self.index.page_hash[page]
-            lapsed = self.pins.lapsed
-            if lapsed is not None and page in lapsed:
-                lapsed.discard(page)
-                cause = "pin" if cause == "pool" else cause
+            if pin_lapsed and cause == "pool":
+                cause = "pin"
             if h is not None:
                 log.record(self.pool.owner[page], h, cause)
         if self.pool.pinned[page]:

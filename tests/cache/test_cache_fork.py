@@ -34,6 +34,7 @@ def test_fork_shares_full_pages_and_copies_the_partial_one():
     assert [mgr.pool.ref_count[p] for p in child.pages] == [2, 2, 1]
     assert mgr.pool.state[child.pages[2]] == PageState.PENDING
     assert child.num_computed_tokens == 10 and child.num_cached_tokens == 0
+    assert child.hashes == parent.hashes[:2]  # the shared chain, not hashed again
     assert mgr.counters.fork_shared_pages == 2 and mgr.counters.fork_copied_pages == 1
     # both decode on: each writes only its own partial page, then publishes it
     for pt, tok in ((parent, 50), (child, 60)):
