@@ -226,7 +226,7 @@ class LLMEngine:
         if limit is not None and len(self.scheduler.waiting) >= limit:
             raise QueueFullError(f"{len(self.scheduler.waiting)} requests are waiting")
         arrival = self.clock() if arrival_time is None else arrival_time
-        members = []
+        members: list[Request] = []
         for i, rid in enumerate(ids):
             sp = params if len(ids) == 1 else member_params(params, i)
             req = Request(request_id=rid, prompt_token_ids=list(prompt_token_ids),
@@ -237,7 +237,8 @@ class LLMEngine:
             if sp.seed is not None:
                 req.generator = torch.Generator(device=self.device).manual_seed(sp.seed)
             if sp.structured_outputs is not None:  # each sample runs its own matcher
-                req.grammar = self.grammar.matcher(sp.structured_outputs)
+                req.grammar = (self.grammar.matcher(sp.structured_outputs) if i == 0
+                               else members[0].grammar.fork())
             self.outputs.start(req)
             self.requests[rid] = req
             members.append(req)
