@@ -132,7 +132,7 @@ def forward_deterministic(model: PagedLlama, batch: ForwardBatch, kv: KVPool
     x = x.view(len(tiles), bs, cfg.hidden_size)
     end = max(t.page_index + 1 for t in tiles) * bs
     ropes = {}  # id(RotaryEmbedding) -> per tile (cos, sin)
-    for r in (model.rope, model.local_rope):
+    for r in {id(r): r for r in (model.rope, model.local_rope)}.values():  # one unless Gemma 3
         cos, sin = r.table(end)
         ropes[id(r)] = [(cos[p:p + bs].to(model.dtype), sin[p:p + bs].to(model.dtype))
                         for p in (t.page_index * bs for t in tiles)]

@@ -302,8 +302,8 @@ def forward_default(model: PagedLlama, batch: ForwardBatch, kv: KVPool) -> torch
     if not batch.seqs:
         return torch.empty(0, cfg.vocab_size, device=model.device)
     x = model.embed_tokens(batch.input_ids)
-    ropes = {id(r): r.cos_sin(batch.positions, max_ctx - 1, model.dtype)
-             for r in (model.rope, model.local_rope)}
+    ropes = {id(r): r.cos_sin(batch.positions, max_ctx - 1, model.dtype)  # one unless Gemma 3
+             for r in {id(r): r for r in (model.rope, model.local_rope)}.values()}
     plans = {w: model.backend.plan_attention(batch.seqs, w, kv, cfg.num_attention_heads,
                                              model.device)
              for w in set(cfg.layer_sliding_windows)}

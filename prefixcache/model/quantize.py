@@ -90,9 +90,7 @@ def apply(model: PagedLlama, codes_of: Callable[[str], AffineCodes]) -> int:
         ValueError: a weight's shape does not match the config (named).
     """
     total = 0
-    model.backend = with_quantized_linears(model.backend)
-    for layer in model.decoder_layers:
-        layer.backend = model.backend
+    model.set_backend(with_quantized_linears(model.backend))
 
     def make(names: list[str], like: torch.Tensor, bias: torch.Tensor | None) -> Int4Linear:
         nonlocal total

@@ -147,17 +147,13 @@ class PackedLinear:
         counts of :data:`KERNEL_ROWS`."""
         assert self._packed is not None
         pieces = row_pieces(x.shape[0])
-        if len(pieces) == 1 and pieces[0][1] == pieces[0][2]:
-            return self._kernel(x, residual)
+        if len(pieces) == 1:  # one call: its rows, no copy into an output (a view if padded)
+            return self._kernel(*_padded(x, residual, pieces[0][2]))[:x.shape[0]]
         y = torch.empty(x.shape[0], self.weight.shape[0], dtype=x.dtype, device=x.device)
         for start, n, kernel_rows in pieces:
             xs = x[start:start + n]
             rs = None if residual is None else residual[start:start + n]
-            if kernel_rows != n:
-                xs = torch.cat([xs, xs.new_zeros(kernel_rows - n, xs.shape[1])])
-                if rs is not None:
-                    rs = torch.cat([rs, rs.new_zeros(kernel_rows - n, rs.shape[1])])
-            y[start:start + n] = self._kernel(xs, rs)[:n]
+            y[start:start + n] = self._kernel(*_padded(xs, rs, kernel_rows))[:n]
         return y
 
     def _kernel(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
@@ -165,3 +161,15 @@ class PackedLinear:
         if residual is None:
             return _onednn_linear(x, self._packed, self.bias)
         return _onednn_linear_add(x, residual, self._packed, self.bias)
+
+
+def _padded(x: torch.Tensor, residual: torch.Tensor | None, rows: int
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``x`` (and ``residual``) with zero rows appended up to ``rows``."""
+    n = x.shape[0]
+    if rows == n:
+        return x, residual
+    x = torch.cat([x, x.new_zeros(rows - n, x.shape[1])])
+    if residual is not None:
+        residual = torch.cat([residual, residual.new_zeros(rows - n, residual.shape[1])])
+    return x, residual
