@@ -34,7 +34,7 @@ lint: $(BIN)/prefixcache
 	$(BIN)/mypy
 
 bench: $(BIN)/prefixcache
-	$(BIN)/prefixcache bench --workload all --out benchmarks
+	$(BIN)/prefixcache bench --workload all --out benchmarks/serving/latest
 
 peers:
 	bash scripts/install_peers.sh
