@@ -93,8 +93,7 @@ class HFTokenizer(Tokenizer):
                     add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; send a plain prompt")
-        def render(objects: bool) -> str:
-            msgs, schemas = tool_prompt.prepare(self.chat_template, messages, tools, objects)
+        def render(msgs: list[dict[str, Any]], schemas: Any) -> str:
             try:
                 text = self._tok.apply_chat_template(
                     msgs, tools=cast(Any, schemas), tokenize=False,
@@ -103,9 +102,4 @@ class HFTokenizer(Tokenizer):
                 raise ChatTemplateError(f"chat template error: {e}") from None
             assert isinstance(text, str)  # tokenize=False
             return text
-        try:
-            return render(True)
-        except ChatTemplateError:
-            if not tool_prompt.has_text_arguments(messages):
-                raise
-            return render(False)
+        return tool_prompt.render_with_fallback(self.chat_template, messages, tools, render)

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from prefixcache.text import tool_prompt
-from prefixcache.text.chat_template import ChatTemplateError, render_chat_template
+from prefixcache.text.chat_template import render_chat_template
 
 Offsets = list[tuple[int, int]]  # per token: [start, end) character offsets in the text
 
@@ -89,16 +89,10 @@ class Tokenizer(ABC):
         """
         if not self.chat_template:
             raise ValueError("this model has no chat template; send a plain prompt")
-        def render(objects: bool) -> str:
-            msgs, schemas = tool_prompt.prepare(self.chat_template, messages, tools, objects)
+        def render(msgs: list[dict[str, Any]], schemas: Any) -> str:
             return render_chat_template(str(self.chat_template), msgs, schemas,
                                         add_generation_prompt, **self.template_vars)
-        try:
-            return render(True)
-        except ChatTemplateError:
-            if not tool_prompt.has_text_arguments(messages):
-                raise
-            return render(False)
+        return tool_prompt.render_with_fallback(self.chat_template, messages, tools, render)
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             tools: list[dict[str, Any]] | None = None,

@@ -24,8 +24,10 @@ repeats the previous output token for token and its pages hit.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
+from prefixcache.text.chat_template import ChatTemplateError
 from prefixcache.text.tool_parsers.base import arguments_text
 
 _INSTRUCTIONS = (
@@ -137,3 +139,21 @@ def has_text_arguments(messages: list[dict[str, Any]]) -> bool:
     into objects)."""
     return any(isinstance((c.get("function") or {}).get("arguments"), str)
                for m in messages for c in m.get("tool_calls") or () if isinstance(c, dict))
+
+
+def render_with_fallback(template: Any, messages: list[dict[str, Any]],
+                         tools: list[dict[str, Any]] | None,
+                         render: Callable[[list[dict[str, Any]], Any], str]) -> str:
+    """Render a conversation through ``render(messages, tool_schemas)``, first with tool
+    call arguments as objects (what most templates expect), then, when that template
+    fails and some arguments were JSON text, with the text as sent.
+
+    Raises:
+        ChatTemplateError: as ``render`` raises it, on the last attempt.
+    """
+    try:
+        return render(*prepare(template, messages, tools, True))
+    except ChatTemplateError:
+        if not has_text_arguments(messages):
+            raise
+        return render(*prepare(template, messages, tools, False))

@@ -5,6 +5,7 @@ one."""
 from __future__ import annotations
 
 import fcntl
+import os
 import signal
 import subprocess
 import sys
@@ -106,3 +107,19 @@ def test_each_python_environment_builds_in_a_directory_of_its_own(monkeypatch):
                                                        "3.11.7"])
     other = build.build_name()
     assert other != here and other.startswith("prefixcache_cpu_kernels_")
+
+
+def test_every_process_builds_with_the_wheels_ninja_whatever_path_holds(tmp_path, monkeypatch):
+    """A system ninja first on PATH (another version, which hashes command lines
+    differently) must not be used: alternating ninjas rebuild the library on each load."""
+    import ninja  # a runtime dependency (pyproject)
+    system = tmp_path / "bin"
+    system.mkdir()
+    (system / "ninja").write_text("#!/bin/sh\nexit 1\n")
+    (system / "ninja").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{system}{os.pathsep}/usr/bin")
+    build._ensure_ninja()
+    assert os.environ["PATH"].split(os.pathsep)[:2] == [str(ninja.BIN_DIR), str(system)]
+    build._ensure_ninja()  # idempotent: not prepended twice
+    assert os.environ["PATH"].split(os.pathsep)[:2] == [str(ninja.BIN_DIR), str(system)]
+    assert str(ninja.BIN_DIR) in build.environment()

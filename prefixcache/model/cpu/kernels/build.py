@@ -79,11 +79,12 @@ def isa_supported(flags: str | None = None) -> bool:
 
 def environment() -> list[str]:
     """What the build's command lines name besides the sources: torch's and Python's
-    header directories (a virtual environment of its own each). Two environments sharing
+    header directories (a virtual environment of its own each) and the ninja that builds
+    it (ninja versions hash command lines differently). Two environments sharing
     one build directory would rewrite each other's ``build.ninja``, and ninja would rebuild
     the whole library (minutes) every time a process of the other one loads it."""
     return [str(Path(torch.__file__).resolve().parent), sysconfig.get_paths()["include"],
-            sys.version]
+            sys.version, _ninja_bin_dir() or shutil.which("ninja") or ""]
 
 
 def build_name() -> str:
@@ -99,16 +100,24 @@ def build_name() -> str:
     return f"prefixcache_cpu_kernels_{h.hexdigest()[:16]}"
 
 
-def _ensure_ninja() -> None:
-    """Put the ``ninja`` wheel's binary on ``PATH`` when none is there (cpp_extension
-    runs ``ninja`` by name)."""
-    if shutil.which("ninja"):
-        return
+def _ninja_bin_dir() -> str | None:
+    """The folder of the ``ninja`` wheel's binary, or ``None`` without the wheel."""
     try:
         import ninja
     except ImportError:
-        return
-    os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+        return None
+    return str(ninja.BIN_DIR)
+
+
+def _ensure_ninja() -> None:
+    """Put the ``ninja`` wheel's binary first on ``PATH`` (cpp_extension runs ``ninja`` by
+    name): every process of one environment then builds with the same ninja, whatever its
+    ``PATH`` holds. Two ninja versions hash command lines differently, so alternating
+    them would rebuild the whole library on every load. Without the wheel, ``PATH``'s."""
+    bin_dir = _ninja_bin_dir()
+    path = os.environ.get("PATH", "")
+    if bin_dir and not path.startswith(bin_dir + os.pathsep):
+        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{path}"
 
 
 def build_dir() -> Path:
