@@ -149,3 +149,22 @@ def test_a_tier_page_in_another_dtype_under_the_right_key_is_a_counted_miss(tmp_
     s = llm.stats()
     assert out.num_cached_tokens == 2 * 16 and s["disk_tier_hit_tokens"] == 0
     assert s["disk_tier_corrupt"] == 1 and not path.exists()
+
+
+def test_router_checks_the_replicas_kv_dtype():
+    from prefixcache.router.cli import check_flags
+    from prefixcache.router.replica_info import ReplicaInfo, agreed
+
+    def info(kv: str) -> ReplicaInfo:
+        return ReplicaInfo(("m",), "builtin:tiny", 16, kv,
+                           f"builtin:tiny|kv={kv}|bs=16|layout=1", "0" * 32)
+
+    def flags(**kw) -> argparse.Namespace:
+        return argparse.Namespace(**({"served_model_name": None, "block_size": None,
+                                      "dtype": None, "kv_cache_dtype": None} | kw))
+
+    check_flags(flags(kv_cache_dtype="int8"), info("int8"))
+    with pytest.raises(ValueError, match="^kv_dtype: --kv-cache-dtype 'int8' disagrees"):
+        check_flags(flags(kv_cache_dtype="int8"), info("bfloat16"))
+    with pytest.raises(ValueError, match="^replicas disagree on kv_dtype"):
+        agreed({"http://a": info("float32"), "http://b": info("bfloat16")})
