@@ -282,7 +282,7 @@ class EngineConfig:
         self.dtype = dtype_name(self.dtype)
         need(self.quantization in QUANTIZATION_MODES, "quantization",
              f"must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
-        if self.kv_cache_dtype.lower() in DTYPES:
+        if isinstance(self.kv_cache_dtype, str) and self.kv_cache_dtype.lower() in DTYPES:
             self.kv_cache_dtype = dtype_name(self.kv_cache_dtype)
         need(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
              f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
