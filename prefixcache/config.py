@@ -33,6 +33,9 @@ COMPUTE_BACKENDS = ("auto", "torch", "cpu", "cpu-kernels")
 
 # --quantization: how linear weights are held (prefixcache.model.quantize)
 QUANTIZATION_MODES = ("auto", "none", "int4", "int8")
+# --kv-cache-dtype: how the KV pool stores K and V (prefixcache.model.kv_pool); "auto" is
+# the model's dtype, "int8" 8-bit codes with a float32 scale per token and KV head.
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -116,6 +119,12 @@ class EngineConfig:
             ``auto`` keeps a GGUF file's quantized layout (others float), ``none`` float in
             ``dtype``, ``int4``/``int8`` weight-only codes per 32 input columns
             (:mod:`prefixcache.model.quantize`).
+        kv_cache_dtype: the KV pool's storage, one of :data:`KV_CACHE_DTYPES` (a float
+            alias of :data:`DTYPES` is stored as its canonical name): ``auto`` follows
+            ``dtype``; ``int8`` holds 8-bit codes with a float32 scale per token and KV
+            head (:mod:`prefixcache.model.kv_pool`). A byte budget (``kv_cache_bytes``)
+            holds 2x the pages in bfloat16 and about 3.8x in int8 of float32's. Part of
+            the model fingerprint: pools of different KV dtypes never share a page.
         compute_backend: the model's compute backend, chosen once at load (one of
             :data:`COMPUTE_BACKENDS`; ``cpu`` and ``cpu-kernels`` need a CPU ``device``).
         deterministic: batch-invariant arithmetic; cold and warm runs are bit-identical.
@@ -193,6 +202,9 @@ class EngineConfig:
     quantization: str = field(default="auto", metadata=_opt(
         "linear weights: auto (a GGUF file stays quantized), none (float), int4 or int8 "
         "(weight-only, group size 32)"))
+    kv_cache_dtype: str = field(default="auto", metadata=_opt(
+        "KV cache storage: auto (the weights' --dtype), float32, bfloat16 or int8 "
+        "(8-bit codes, a float32 scale per token and KV head)"))
     compute_backend: str = field(default="auto", metadata=_opt(
         "the model's compute backend, chosen once at load: " + ", ".join(COMPUTE_BACKENDS)
         + " (auto: torch off the CPU; on the CPU, the C++ kernels where the CPU has "
@@ -270,6 +282,10 @@ class EngineConfig:
         self.dtype = dtype_name(self.dtype)
         need(self.quantization in QUANTIZATION_MODES, "quantization",
              f"must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
+        if isinstance(self.kv_cache_dtype, str) and self.kv_cache_dtype.lower() in DTYPES:
+            self.kv_cache_dtype = dtype_name(self.kv_cache_dtype)
+        need(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
+             f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         need(self.compute_backend in COMPUTE_BACKENDS, "compute_backend",
              f"must be one of {', '.join(COMPUTE_BACKENDS)}, got {self.compute_backend!r}")
         need(self.cache_aware_window_s >= 0, "cache_aware_window_s", "must be >= 0")
@@ -326,3 +342,13 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         """``dtype`` resolved through :data:`DTYPES` (the one resolution of the setting)."""
         return DTYPES[self.dtype]
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV pool's dtype name: ``kv_cache_dtype``, or ``dtype`` when ``auto``."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """The KV pool's storage dtype (``torch.int8`` for ``int8``)."""
+        return torch.int8 if self.kv_dtype == "int8" else DTYPES[self.kv_dtype]

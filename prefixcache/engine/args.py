@@ -22,6 +22,7 @@ from typing import Any
 from prefixcache.config import (
     COMPUTE_BACKENDS,
     GIB,
+    KV_CACHE_DTYPES,
     EngineConfig,
     dtype_name,
     over_physical_ram,
@@ -178,6 +179,8 @@ def add_engine_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
             kw["type"], kw["metavar"] = _dtype_arg, "DTYPE"
         elif f.name == "compute_backend":
             kw["type"], kw["choices"], kw["metavar"] = str, COMPUTE_BACKENDS, "BACKEND"
+        elif f.name == "kv_cache_dtype":
+            kw["type"], kw["choices"], kw["metavar"] = str, KV_CACHE_DTYPES, "DTYPE"
         else:
             kw["type"] = _TYPES[str(f.type).split(" |")[0]]
         kw.setdefault("metavar", unit.upper() if unit else

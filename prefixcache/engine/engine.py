@@ -76,7 +76,7 @@ class LLMEngine:
         mc = self.model_config
         bs = config.block_size
         # one key everywhere: weights, KV dtype, block size and KV layout in every root
-        self.fingerprint = model_fingerprint(self.loaded.cache_id, config.torch_dtype, bs)
+        self.fingerprint = model_fingerprint(self.loaded.cache_id, config.kv_dtype, bs)
         self.runner = ModelRunner(self.model, mc, config)
         num_pages = self.runner.num_pages
         limit = mc.check_max_model_len(config.max_model_len, config.allow_long_context)

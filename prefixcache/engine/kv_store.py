@@ -67,7 +67,7 @@ class SharedKVStore:
         self.clock = clock
         self.lock_wait_s = config.kv_store_lock_wait_s
         self.queue = StoreQueue([remote], config.tier_store_queue)
-        self.dtype_name = str(kv.dtype).removeprefix("torch.")
+        self.dtype_name = kv.dtype_name
         self._waits: dict[str, _Wait] = {}
         self._decided: set[str] = set()
         self.lock_waits = 0        # requests that waited for another replica

@@ -26,7 +26,6 @@ rest                 computed by the model step (the last token always is)
 """
 from __future__ import annotations
 
-import math
 import struct
 import time
 
@@ -49,16 +48,23 @@ GROUP_PAGES = 32  # most pages per stored group (one disk file)
 KV_LAYOUT_VERSION = 1  # bump when KVPool's page layout or export format changes
 
 
-def model_fingerprint(cache_id: str, dtype: torch.dtype, block_size: int) -> str:
-    """The model's part of every chain root and tier header: weights id, KV dtype,
-    block size and KV layout version (a page under any other is a miss)."""
-    return f"{cache_id}|kv={str(dtype).removeprefix('torch.')}|bs={block_size}" \
+def model_fingerprint(cache_id: str, kv_dtype: str | torch.dtype, block_size: int) -> str:
+    """The model's part of every chain root and tier header: weights id, KV dtype (the
+    pool's: ``float32``, ``bfloat16``, ``int8``...), block size and KV layout version (a
+    page under any other is a miss: pools of different KV dtypes share nothing)."""
+    return f"{cache_id}|kv={kv_dtype_name(kv_dtype)}|bs={block_size}" \
            f"|layout={KV_LAYOUT_VERSION}"
+
+
+def kv_dtype_name(dtype: str | torch.dtype) -> str:
+    """``"float32"`` for ``torch.float32`` (names as torch prints them, no prefix); a
+    string is returned as it is."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
 
 def page_nbytes(kv: KVPool) -> int:
     """Bytes of one exported KV page of ``kv`` (K and V of every layer)."""
-    return math.prod(kv.page_shape) * torch.empty((), dtype=kv.dtype).element_size()
+    return kv.page_nbytes
 
 
 def check_tier_budgets(config: EngineConfig, page_bytes: int) -> None:
@@ -145,7 +151,7 @@ class KVTiers:
 
     @property
     def dtype_name(self) -> str:
-        return str(self.kv.dtype).removeprefix("torch.")
+        return self.kv.dtype_name
 
     @property
     def layout(self) -> PageLayout:

@@ -50,9 +50,11 @@ def device_sync(device: torch.device) -> Callable[[], None]:
 
 
 def num_kv_pages(config: EngineConfig, mc: ModelConfig) -> int:
-    """Pages of the KV pool: ``config.num_pages``, or as many as ``kv_cache_bytes`` hold."""
+    """Pages of the KV pool: ``config.num_pages``, or as many as ``kv_cache_bytes`` hold
+    in the pool's dtype (``config.kv_torch_dtype``: bfloat16 holds twice float32's pages,
+    int8 ``2 * head_dim / (head_dim + 4)`` times)."""
     per_token = KVPool.bytes_per_token(mc.num_hidden_layers, mc.num_key_value_heads,
-                                       mc.head_dim, config.torch_dtype)
+                                       mc.head_dim, config.kv_torch_dtype)
     return config.num_pages or max(2, config.kv_cache_bytes // (per_token * config.block_size))
 
 
@@ -109,7 +111,7 @@ class ModelRunner:
         self.num_pages = num_kv_pages(config, model_config)
         mc = model_config
         self.kv = KVPool(mc.num_hidden_layers, self.num_pages, self.block_size,
-                         mc.num_key_value_heads, mc.head_dim, config.torch_dtype, self.device,
+                         mc.num_key_value_heads, mc.head_dim, config.kv_torch_dtype, self.device,
                          zeros=getattr(getattr(model, "backend", None), "zeros", None))
         # Chosen once; the default one looks ``model.forward`` up per call, so a test can
         # wrap it (to inject a failure) after the engine is built.

@@ -248,12 +248,14 @@ class PagedLlama(nn.Module):
         handles = [h for layer in self.decoder_layers for h in layer.linears()]
         return sum(self.backend.finish_linear(h) for h in [*handles, self._lm_head])
 
-    def new_kv_pool(self, num_pages: int, block_size: int = 16) -> KVPool:
-        """A zeroed :class:`KVPool` matching this model's geometry, dtype and device,
-        allocated by its backend."""
+    def new_kv_pool(self, num_pages: int, block_size: int = 16,
+                    dtype: torch.dtype | None = None) -> KVPool:
+        """A zeroed :class:`KVPool` matching this model's geometry and device, allocated
+        by its backend, of ``dtype`` (default: the model's; ``torch.int8`` for codes and
+        scales)."""
         c = self.config
         return KVPool(c.num_hidden_layers, num_pages, block_size, c.num_key_value_heads,
-                      c.head_dim, self.dtype, self.device, zeros=self.backend.zeros)
+                      c.head_dim, dtype or self.dtype, self.device, zeros=self.backend.zeros)
 
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         """The default-mode step, :func:`forward_default`."""

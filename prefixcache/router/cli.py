@@ -21,7 +21,7 @@ import argparse
 import logging
 import os
 
-from prefixcache.config import DEFAULT_HASH_ROOT_SEED, HASH_SEED_ENV
+from prefixcache.config import DEFAULT_HASH_ROOT_SEED, HASH_SEED_ENV, KV_CACHE_DTYPES
 from prefixcache.router.index import DEFAULT_APPROX_TTL_S, DEFAULT_MAX_PAGES
 from prefixcache.router.policy import (
     DEFAULT_BALANCE_ABS_TOKENS,
@@ -60,8 +60,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--block-size", type=int, default=None,
                    help="the replicas' KV page size, tokens (default: as they report; "
                         "given, it must agree)")
-    p.add_argument("--dtype", default=None, help="the replicas' --dtype (default: as they "
-                   "report; given, it must agree)")
+    p.add_argument("--dtype", default=None, help="the replicas' KV dtype as their --dtype "
+                   "(when their --kv-cache-dtype is auto; default: as they report; given, it "
+                   "must agree)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES[1:],
+                   help="the replicas' KV dtype (default: as they report; given, it must "
+                        "agree; replicas of different KV dtypes are refused: their pages "
+                        "are keyed apart)")
     p.add_argument("--hash-root-seed", default=None, metavar="SEED",
                    help="the replicas' page-hash root seed (default: read from them with an "
                         "admin key of --api-keys, else $PREFIXCACHE_HASH_SEED, else the "
@@ -156,7 +161,8 @@ def check_flags(args: argparse.Namespace, info: ReplicaInfo) -> None:
 
     given = [("--served-model-name", "served_model_names", args.served_model_name),
              ("--block-size", "block_size", args.block_size),
-             ("--dtype", "kv_dtype", None if args.dtype is None else dtype_name(args.dtype))]
+             ("--dtype", "kv_dtype", None if args.dtype is None else dtype_name(args.dtype)),
+             ("--kv-cache-dtype", "kv_dtype", args.kv_cache_dtype)]
     for flag, name, value in given:
         theirs = info.field(name)
         if value is not None and value != theirs:
@@ -172,7 +178,6 @@ def load_replica_tokenizer(model: str | None, info: ReplicaInfo,
     Raises:
         ValueError: it cannot be loaded here, or it is another model (naming the field).
     """
-    from prefixcache.config import resolve_dtype
     from prefixcache.engine.kv_tiers import model_fingerprint
     from prefixcache.model.loader import load_tokenizer
 
@@ -182,7 +187,7 @@ def load_replica_tokenizer(model: str | None, info: ReplicaInfo,
     except (OSError, ValueError) as exc:
         hint = "" if model else "; give --model with the same model as found here"
         raise ValueError(f"model: the router cannot load {name!r} ({exc}){hint}") from None
-    mine = model_fingerprint(cache_id, resolve_dtype(info.kv_dtype), info.block_size)
+    mine = model_fingerprint(cache_id, info.kv_dtype, info.block_size)
     if mine != info.model_fingerprint:
         flag = f"--model {name!r}" if model else f"the replicas' model {name!r} as found here"
         raise ValueError(f"model_fingerprint: {flag} gives {mine!r}, the replicas report "

@@ -34,7 +34,7 @@ async def cache_info(request: Request) -> JSONResponse:
     body = {"object": "cache.info", "model": settings.model_root or settings.model_names[0],
             "served_model_names": list(settings.model_names),
             "model_fingerprint": engine.fingerprint, "block_size": config.block_size,
-            "kv_dtype": config.dtype, "page_hash": PAGE_HASH,
+            "kv_dtype": config.kv_dtype, "page_hash": PAGE_HASH,
             "max_model_len": engine.max_model_len,
             "hash_root_seed_digest": seed_digest(config.hash_root_seed)}
     if principal.admin:

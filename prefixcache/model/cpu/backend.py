@@ -138,8 +138,9 @@ class CpuKernelBackend(ComputeBackend):
                    num_heads: int, head_dim: int, kv: KVPool, layer: int,
                    slot_mapping: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """With the fused ops, RoPE and the KV write are one pass over ``qkv``, in place."""
-        if not self.fused_ops:
+        """With the fused ops, RoPE and the KV write are one pass over ``qkv``, in place
+        (float pools; an int8 pool is written by :meth:`KVPool.write`, which quantizes)."""
+        if not self.fused_ops or kv.quantized:
             return super().rope_write(qkv, cos, sin, num_heads, head_dim, kv, layer,
                                       slot_mapping)
         d = head_dim
