@@ -17,6 +17,7 @@ the metadata.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ _ARCH_LAYER_NAMES = {
     "phi3": {"ffn_up": "mlp.gate_up_proj"},
 }
 # tensors read into the config, not weights
-_ROPE_FACTOR_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+ROPE_FACTOR_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 
 def open_reader(path: str | Path):
@@ -258,23 +259,81 @@ def dequantize(t) -> np.ndarray:
                                                                 copy=False).reshape(shape)
 
 
+def hf_tensor(name: str, w: np.ndarray, arch: str, config: dict[str, Any]) -> np.ndarray:
+    """GGUF tensor ``name``'s float values ``w`` (:func:`dequantize`) as its HF tensor:
+    Gemma 3 norms read back as ``w`` (llama.cpp stores ``1 + w``), Llama and Mistral Q/K
+    rows un-permuted (weights and biases)."""
+    if arch == "gemma3" and name.endswith("norm.weight"):
+        w = w - 1.0  # llama.cpp stores Gemma's (1 + w)
+    kind = name.split(".")[2] if name.startswith("blk.") else ""
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    if config["model_type"] in ("llama", "mistral") and kind in heads:
+        w = unpermute_qk(w, heads[kind])
+    return w
+
+
 def hf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """``(HF name, float32 array)`` for every tensor the model uses, Q/K un-permuted for
-    Llama and Mistral files. Call :func:`check_supported` first."""
-    permuted = config["model_type"] in ("llama", "mistral")
-    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    Llama and Mistral files (:func:`hf_tensor`). Call :func:`check_supported` first."""
     arch = field(reader, "general.architecture")
     for t in reader.tensors:
-        if t.name in _ROPE_FACTOR_TENSORS:
+        if t.name in ROPE_FACTOR_TENSORS:
             continue  # read into the config's rope_scaling
-        name = hf_name(t.name, arch)
-        w = dequantize(t)
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            w = w - 1.0  # llama.cpp stores Gemma's (1 + w)
-        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
-        if permuted and kind in heads:
-            w = unpermute_qk(w, heads[kind])
-        yield name, w
+        yield hf_name(t.name, arch), hf_tensor(t.name, dequantize(t), arch, config)
+
+
+@dataclass(frozen=True)
+class MappedTensor:
+    """One tensor of a GGUF file located by :func:`tensor_index` and read through a
+    memory map (the file's pages, not a copy): what :func:`dequantize` and
+    :mod:`prefixcache.model.gguf_quant` need of a ``ReaderTensor``.
+
+    Attributes:
+        name: the GGUF name. tensor_type: its ``gguf.GGMLQuantizationType``.
+        shape: GGUF order (columns first). data: F32 and F16 values ``[rows, columns]``
+        (a 1-D tensor: ``[columns]``), other types ``uint8 [rows, bytes per row]``.
+    """
+
+    name: str
+    tensor_type: Any
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+def tensor_index(reader) -> dict[str, Any]:
+    """Where every tensor lies in the file (JSON-serializable): ``architecture`` and
+    ``tensors``, each ``[name, type name, shape (GGUF order), byte offset, byte count]``.
+    Saved once, it lets :func:`mapped_tensors` skip parsing the file's metadata (its
+    tokenizer arrays take seconds)."""
+    return {"architecture": field(reader, "general.architecture"),
+            "tensors": [[t.name, t.tensor_type.name, [int(n) for n in t.shape],
+                         int(t.data_offset), int(t.n_bytes)] for t in reader.tensors]}
+
+
+def mapped_tensors(path: str | Path, index: dict[str, Any]) -> list[MappedTensor]:
+    """The tensors of ``index`` (:func:`tensor_index` of this file) as views of one
+    read-only memory map of ``path``; the map lives as long as any view.
+
+    Raises:
+        ValueError: the index points past the end of the file.
+    """
+    import gguf
+
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out = []
+    for name, type_name, shape, offset, nbytes in index["tensors"]:
+        if offset + nbytes > mm.shape[0]:
+            raise ValueError(f"{path}: tensor {name!r} lies past the end of the file")
+        qtype = gguf.GGMLQuantizationType[type_name]
+        raw = mm[offset:offset + nbytes]
+        rows_first = tuple(reversed(shape))
+        if type_name in ("F32", "F16"):  # as GGUFReader gives them (BF16: bytes)
+            data = raw.view(np.float32 if type_name == "F32" else np.float16
+                            ).reshape(rows_first)
+        else:
+            data = raw.reshape(gguf.quants.quant_shape_to_byte_shape(rows_first, qtype))
+        out.append(MappedTensor(name, qtype, tuple(shape), data))
+    return out
 
 
 def write_tokenizer(reader, gguf_path: str | Path, out_dir: str | Path) -> bool:

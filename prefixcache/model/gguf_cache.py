@@ -1,8 +1,11 @@
 """The GGUF conversion cache: the first load of a GGUF file writes a Hugging Face directory
-(``model.safetensors`` in float32, ``config.json``, tokenizer files) that later loads read
-in a few seconds; the first quantized load also writes the file's matrices as affine codes
-(:func:`codes_file`, ``quantized-v<CODES_VERSION>.safetensors`` beside the entry), which
-saves later loads from parsing the GGUF file (its tokenizer metadata alone takes seconds).
+(``config.json``, tokenizer files) and ``tensors.json`` (where each tensor lies in the
+file, :func:`prefixcache.model.gguf.tensor_index`), which later loads read in a moment
+instead of parsing the GGUF file (its tokenizer metadata alone takes seconds). A load that
+keeps the file's quantized layout reads the weights from the GGUF file itself, memory-
+mapped; only a float load (``--quantization none|int4|int8``) or a peer that needs a
+Hugging Face checkpoint (transformers, vLLM) adds ``model.safetensors``, the weights
+dequantized to float32 (:func:`converted_dir` with ``float_weights``).
 
 Layout: ``cache_root()/<sha256 of the file>-v<FORMAT_VERSION>/``, plus ``sha256.json``
 (file sha256 by (path, size, mtime), so an unchanged file is hashed once). Publish after
@@ -25,9 +28,10 @@ import numpy as np
 
 import prefixcache.model.gguf as gguf
 
-FORMAT_VERSION = 1
-CODES_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
+FLOAT_WEIGHTS = "model.safetensors"
+TENSOR_INDEX = "tensors.json"
 _CHUNK = 1 << 22
 log = logging.getLogger(__name__)
 
@@ -82,9 +86,12 @@ def file_sha256(path: Path, root: Path | None = None) -> str:
     return sha
 
 
-def converted_dir(gguf_path: Path, root: Path | None = None) -> Path:
+def converted_dir(gguf_path: Path, root: Path | None = None,
+                  float_weights: bool = True) -> Path:
     """The HF directory converted from ``gguf_path``, built on first use (with progress
-    bars), checked against its manifest on every later use and rebuilt if it fails.
+    bars), checked against its manifest on every later use and rebuilt if it fails. With
+    ``float_weights`` it holds ``model.safetensors`` (float32; added to an entry built
+    without it); without, only the config, tokenizer and tensor index.
 
     Raises:
         FileNotFoundError: ``gguf_path`` does not exist.
@@ -98,21 +105,43 @@ def converted_dir(gguf_path: Path, root: Path | None = None) -> Path:
     if entry.is_dir():
         problem = verify(entry)
         if problem is None:
+            if float_weights and not has_float_weights(entry):
+                _add_float_weights(gguf_path, entry)
             return entry
         log.warning("GGUF cache entry %s is damaged (%s); rebuilding it", entry, problem)
         shutil.rmtree(entry, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=root))
     try:
-        convert(gguf_path, tmp)
+        convert(gguf_path, tmp, float_weights)
         try:
             os.rename(tmp, entry)
         except OSError:  # another process published the same entry first
             if verify(entry) is not None:
                 raise
+            if float_weights and not has_float_weights(entry):
+                _add_float_weights(gguf_path, entry)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry
+
+
+def has_float_weights(entry: Path) -> bool:
+    """Whether the (verified) entry's manifest lists ``model.safetensors``."""
+    try:
+        return FLOAT_WEIGHTS in json.loads((entry / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def tensor_index(entry: Path) -> dict:
+    """The entry's ``tensors.json`` (:func:`prefixcache.model.gguf.tensor_index`).
+
+    Raises:
+        OSError, ValueError: missing or unreadable (an entry that :func:`verify` passed
+            has it).
+    """
+    return dict(json.loads((entry / TENSOR_INDEX).read_text()))
 
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -140,75 +169,66 @@ def is_quantized(gguf_path: Path, root: Path | None = None) -> bool:
     return any(t not in FLOAT_TYPES for t in types)
 
 
-def codes_file(gguf_path: Path, root: Path | None = None) -> Path:
-    """A safetensors file of the GGUF file's matrices as affine codes (per HF name ``N``:
-    ``N.codes`` uint8, ``N.scale`` and ``N.offset`` float32; metadata ``bits``, a JSON map
-    of name to code width), built on first use and published by rename.
-
-    Raises:
-        FileNotFoundError / ValueError: as :func:`converted_dir`.
-    """
-    import torch
-    from safetensors.torch import save_file
-
-    import prefixcache.model.gguf_quant as gguf_quant
-
-    root = root or cache_root()
-    if not gguf_path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
-    path = root / f"{file_sha256(gguf_path, root)}-quantized-v{CODES_VERSION}.safetensors"
-    if path.is_file():
-        return path
-    reader = gguf.open_reader(gguf_path)
-    gguf.check_supported(reader)
-    tensors: dict[str, torch.Tensor] = {}
-    bits: dict[str, int] = {}
-    for name, c in gguf_quant.quantized_matrices(reader, gguf.hf_config(reader)):
-        tensors |= {f"{name}.codes": c.codes, f"{name}.scale": c.scale,
-                    f"{name}.offset": c.offset}
-        bits[name] = c.bits
-    root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=root)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"format": "pt", "bits": json.dumps(bits)})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
-def convert(gguf_path: Path, out: Path) -> None:
-    """Write the HF directory of ``gguf_path`` into ``out`` and, last, its manifest.
+def convert(gguf_path: Path, out: Path, float_weights: bool = True) -> None:
+    """Write the HF directory of ``gguf_path`` into ``out`` (``model.safetensors`` only
+    with ``float_weights``) and, last, its manifest.
 
     Raises:
         ValueError: see :func:`converted_dir`.
     """
+    reader = gguf.open_reader(gguf_path)
+    gguf.check_supported(reader)
+    config = gguf.hf_config(reader)
+    if float_weights:
+        _write_float_weights(gguf_path, reader, config, out / FLOAT_WEIGHTS)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / TENSOR_INDEX).write_text(json.dumps(gguf.tensor_index(reader)))
+    gguf.write_tokenizer(reader, gguf_path, out)
+    _write_manifest(out, gguf_path.name)
+
+
+def _write_manifest(out: Path, source: str) -> None:
+    """List every file of ``out`` (size, mtime, sha256) in its manifest, atomically."""
+    files = {p.name: {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns,
+                      "sha256": _sha256(p)}
+             for p in sorted(out.iterdir()) if p.is_file() and p.name != MANIFEST
+             and not p.name.startswith(".")}
+    manifest = {"format_version": FORMAT_VERSION, "source": source, "files": files}
+    _atomic_write(out / MANIFEST, json.dumps(manifest, indent=2))
+
+
+def _write_float_weights(gguf_path: Path, reader, config: dict, path: Path) -> None:
+    """The file's tensors dequantized to float32, under HF names, into ``path``."""
     import torch
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    reader = gguf.open_reader(gguf_path)
-    gguf.check_supported(reader)
-    config = gguf.hf_config(reader)
-    if not sys.stderr.isatty():  # the bar is off: say why the first load takes a while
-        print(f"converting {gguf_path.name} to float32 into {out.parent} (first load only)",
-              file=sys.stderr, flush=True)
+    if not sys.stderr.isatty():  # the bar is off: say why this load takes a while
+        print(f"converting {gguf_path.name} to float32 into {path.parent.parent} "
+              "(once, for float loads)", file=sys.stderr, flush=True)
     tensors = {}
     bar = tqdm(gguf.hf_tensors(reader, config), total=len(reader.tensors), unit="tensor",
                desc=f"dequantizing {gguf_path.name}", disable=None, leave=False)
     for name, w in bar:
         tensors[name] = torch.from_numpy(np.require(w, requirements="W"))
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    del tensors
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    gguf.write_tokenizer(reader, gguf_path, out)
-    files = {p.name: {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns,
-                      "sha256": _sha256(p)}
-             for p in sorted(out.iterdir()) if p.is_file()}
-    manifest = {"format_version": FORMAT_VERSION, "source": gguf_path.name, "files": files}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _add_float_weights(gguf_path: Path, entry: Path) -> None:
+    """Add ``model.safetensors`` to a published entry: written beside it under a hidden
+    name, renamed into place, then listed in a rewritten manifest (until then a float
+    load does not see it)."""
+    reader = gguf.open_reader(gguf_path)
+    config = json.loads((entry / "config.json").read_text())
+    fd, tmp = tempfile.mkstemp(prefix=f".{FLOAT_WEIGHTS}.", dir=entry)
+    os.close(fd)
+    try:
+        _write_float_weights(gguf_path, reader, config, Path(tmp))
+        os.replace(tmp, entry / FLOAT_WEIGHTS)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _write_manifest(entry, gguf_path.name)
 
 
 def verify(entry: Path) -> str | None:
@@ -224,6 +244,8 @@ def verify(entry: Path) -> str | None:
         return f"unreadable manifest ({e})"
     if manifest.get("format_version") != FORMAT_VERSION:
         return f"format version {manifest.get('format_version')}"
+    if TENSOR_INDEX not in files:
+        return f"{TENSOR_INDEX} not listed"
     for name, want in files.items():
         p = entry / name
         if not p.is_file():

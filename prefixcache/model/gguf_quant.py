@@ -13,7 +13,6 @@ of float matrices only is loaded as float, see ``prefixcache.model.loader``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -53,25 +52,46 @@ def _scale_offset(type_name: str, blocks: np.ndarray) -> tuple[np.ndarray, np.nd
     return scale, offset, 4 if type_name == "Q4_K" else 5
 
 
+_CHUNK_VALUES = 1 << 20  # weights dequantized at a time (4 MiB of float32)
+
+
 def affine_codes(t: Any) -> tuple[AffineCodes, bool]:
-    """The :class:`AffineCodes` of a 2-D GGUF ``ReaderTensor`` in PyTorch shape
-    ``[rows, columns]``, and whether they are the file's own (``False``: requantized to
-    8 bits from its float values, see the module doc)."""
+    """The :class:`AffineCodes` of a 2-D GGUF tensor (a ``ReaderTensor`` or a
+    :class:`~prefixcache.model.gguf.MappedTensor`) in PyTorch shape ``[rows, columns]``,
+    and whether they are the file's own (``False``: requantized to 8 bits from its float
+    values, see the module doc). Read a few rows at a time: the float values of at most
+    ``_CHUNK_VALUES`` weights exist at once, never the whole matrix."""
+    import gguf as gg
+
     name = t.tensor_type.name
-    w = gguf.dequantize(t)  # float32 [rows, cols]: the reference values
-    rows, cols = w.shape
-    if name not in EXACT_TYPES or cols % GROUP:
-        return AffineCodes.from_float(torch.from_numpy(np.array(w)), REQUANTIZED_BITS), False
-    blocks = np.asarray(t.data).reshape(rows * cols // _block_cols(name), -1)
-    scale, offset, bits = _scale_offset(name, blocks)
-    scale = scale.reshape(rows, cols // GROUP)
-    offset = offset.reshape(rows, cols // GROUP)
-    grouped = w.reshape(rows, cols // GROUP, GROUP)
-    safe = np.where(scale != 0, scale, np.float32(1))
-    codes = np.rint((grouped - offset[..., None]) / safe[..., None])
-    codes = np.clip(codes, 0, 2 ** bits - 1).astype(np.uint8).reshape(rows, cols)
-    return AffineCodes(torch.from_numpy(codes), torch.from_numpy(np.ascontiguousarray(scale)),
-                       torch.from_numpy(np.ascontiguousarray(offset)), bits), True
+    cols, rows = (int(n) for n in t.shape)
+    exact = name in EXACT_TYPES and cols % GROUP == 0
+    codes = torch.empty(rows, cols, dtype=torch.uint8)
+    scale = torch.empty(rows, cols // GROUP)
+    offset = torch.empty(rows, cols // GROUP)
+    bits = REQUANTIZED_BITS
+    step = max(1, _CHUNK_VALUES // cols)
+    data = t.data.reshape(rows, -1)
+    for start in range(0, rows, step):
+        raw = np.asarray(data[start:start + step])
+        w = gg.quants.dequantize(raw, t.tensor_type).astype(np.float32, copy=False)
+        w = w.reshape(raw.shape[0], cols)
+        end = start + raw.shape[0]
+        if not exact:
+            c = AffineCodes.from_float(torch.from_numpy(np.require(w, requirements="W")),
+                                       REQUANTIZED_BITS)
+            codes[start:end], scale[start:end], offset[start:end] = c.codes, c.scale, c.offset
+            continue
+        blocks = raw.reshape(raw.shape[0] * cols // _block_cols(name), -1)
+        sc, off, bits = _scale_offset(name, blocks)
+        sc = sc.reshape(-1, cols // GROUP)
+        off = off.reshape(-1, cols // GROUP)
+        safe = np.where(sc != 0, sc, np.float32(1))
+        q = np.rint((w.reshape(-1, cols // GROUP, GROUP) - off[..., None]) / safe[..., None])
+        codes[start:end] = torch.from_numpy(
+            np.clip(q, 0, 2 ** bits - 1).astype(np.uint8).reshape(-1, cols))
+        scale[start:end], offset[start:end] = torch.from_numpy(sc), torch.from_numpy(off)
+    return AffineCodes(codes, scale, offset, bits), exact
 
 
 def _block_cols(type_name: str) -> int:
@@ -86,26 +106,47 @@ def _unpermute(c: AffineCodes, heads: int) -> AffineCodes:
     return AffineCodes(rows(c.codes), rows(c.scale), rows(c.offset), c.bits, c.group)
 
 
-def quantized_matrices(reader: Any, config: dict[str, Any]
-                       ) -> Iterator[tuple[str, AffineCodes]]:
-    """``(HF name, codes)`` for every 2-D weight of the file (projections, embeddings,
-    ``lm_head``), Q/K rows un-permuted for Llama and Mistral files; one log line names the
-    tensor types that are requantized. Call :func:`gguf.check_supported` first."""
-    permuted = config["model_type"] in ("llama", "mistral")
-    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    requantized: set[str] = set()
-    arch = gguf.field(reader, "general.architecture")
-    for t in reader.tensors:
-        if len(t.shape) != 2:
-            continue
+class GGUFWeights:
+    """A GGUF file's tensors by HF name, read from its memory map on demand: matrices as
+    :class:`AffineCodes` (:meth:`codes`), the rest (norms, biases) as float32
+    (:meth:`float`). Nothing is read before it is asked for and nothing is kept.
+
+    Args:
+        tensors: the file's tensors (:func:`gguf.mapped_tensors` or a reader's).
+        architecture: ``general.architecture``. config: the file's HF config dictionary.
+
+    Attributes:
+        names: every HF name. matrices: the HF names of the 2-D weights.
+        requantized: the GGUF types requantized so far (see the module doc).
+    """
+
+    def __init__(self, tensors: list[Any], architecture: str, config: dict[str, Any]):
+        self.arch, self.config = architecture, config
+        self._by_name = {gguf.hf_name(t.name, architecture): t for t in tensors
+                         if t.name not in gguf.ROPE_FACTOR_TENSORS}
+        self.names = set(self._by_name)
+        self.matrices = {n for n, t in self._by_name.items() if len(t.shape) == 2}
+        self.requantized: set[str] = set()
+
+    def float(self, name: str) -> torch.Tensor:
+        """HF tensor ``name`` in float32 (:func:`gguf.hf_tensor`)."""
+        t = self._by_name[name]
+        w = gguf.hf_tensor(t.name, gguf.dequantize(t), self.arch, self.config)
+        return torch.from_numpy(np.require(w, requirements="W"))
+
+    def codes(self, name: str) -> AffineCodes:
+        """HF matrix ``name`` as codes, Q/K rows un-permuted for Llama and Mistral files;
+        the first requantized tensor of each type is logged."""
+        t = self._by_name[name]
         codes, exact = affine_codes(t)
-        if not exact:
-            requantized.add(t.tensor_type.name)
+        if not exact and t.tensor_type.name not in self.requantized:
+            self.requantized.add(t.tensor_type.name)
+            log.warning("GGUF tensor type %s has no exact kernel layout: requantized at load "
+                        "to 8-bit codes per %d columns (adds at most (max - min) / 510 per "
+                        "group)", t.tensor_type.name, GROUP)
         kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
-        if permuted and kind in heads:
+        heads = {"attn_q": self.config["num_attention_heads"],
+                 "attn_k": self.config["num_key_value_heads"]}
+        if self.config["model_type"] in ("llama", "mistral") and kind in heads:
             codes = _unpermute(codes, heads[kind])
-        yield gguf.hf_name(t.name, arch), codes
-    if requantized:
-        log.warning("GGUF tensor types %s have no exact kernel layout: requantized at load to "
-                    "8-bit codes per %d columns (adds at most (max - min) / 510 per group)",
-                    ", ".join(sorted(requantized)), GROUP)
+        return codes

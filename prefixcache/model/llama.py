@@ -60,6 +60,11 @@ def _param(alloc: Allocator, *shape: int, device: torch.device, dtype: torch.dty
     return nn.Parameter(alloc(shape, dtype, device), requires_grad=False)
 
 
+def _meta(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A weight that a quantized layer replaces: its shape only (``meta`` device)."""
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
 class DecoderLayer(nn.Module):
     """Weights of one decoder layer (``d`` = head_dim).
 
@@ -74,20 +79,22 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 backend: ComputeBackend, alloc: Allocator):
+                 backend: ComputeBackend, alloc: Allocator, linear_alloc: Allocator):
         super().__init__()
         p = lambda *shape: _param(alloc, *shape, device=device, dtype=dtype)  # noqa: E731
+        m = lambda *shape: _param(linear_alloc, *shape, device=device,  # noqa: E731
+                                  dtype=dtype)
         h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
         qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
         self.input_norm = p(h)
-        self.qkv_weight = p(qkv_rows, h)
+        self.qkv_weight = m(qkv_rows, h)
         self.qkv_bias = p(qkv_rows) if cfg.qkv_bias else None
-        self.o_weight = p(h, cfg.num_attention_heads * d)
+        self.o_weight = m(h, cfg.num_attention_heads * d)
         self.o_bias = p(h) if cfg.o_bias else None
         self.post_norm = p(h)
-        self.gate_up_weight = p(2 * i, h)
+        self.gate_up_weight = m(2 * i, h)
         self.gate_up_bias = p(2 * i) if cfg.mlp_bias else None
-        self.down_weight = p(h, i)
+        self.down_weight = m(h, i)
         self.down_bias = p(h) if cfg.mlp_bias else None
         self.q_norm = p(d) if cfg.qk_norm else None
         self.k_norm = p(d) if cfg.qk_norm else None
@@ -192,6 +199,10 @@ class PagedLlama(nn.Module):
             with :func:`prefixcache.model.weights.load_hf_weights`.
         backend: the compute backend (default :class:`TorchBackend`); the loader picks it
             once (:func:`prefixcache.model.loader.make_backend`).
+        float_linears: ``False`` for a model whose projections and ``lm_head`` are
+            replaced by quantized layers at load (:func:`prefixcache.model.quantize.apply`):
+            their float weights are then shapes on the ``meta`` device, never memory (an
+            untied ``lm_head`` too; a tied one is the embedding, always allocated).
 
     Attributes:
         embed ``[vocab, hidden]``, layers (typed: :attr:`decoder_layers`), norm ``[hidden]``,
@@ -199,20 +210,23 @@ class PagedLlama(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, backend: ComputeBackend | None = None):
+                 dtype: torch.dtype = torch.float32, backend: ComputeBackend | None = None,
+                 float_linears: bool = True):
         super().__init__()
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
         self.backend = backend = backend or TorchBackend()
         alloc = backend.weight_allocator()
+        lin = alloc if float_linears else _meta
         p = lambda *shape: _param(alloc, *shape, device=self.device, dtype=dtype)  # noqa: E731
         self.embed = p(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, self.device, dtype, backend, alloc)
+        self.layers = nn.ModuleList(DecoderLayer(config, self.device, dtype, backend, alloc,
+                                                 lin)
                                     for _ in range(config.num_hidden_layers))
         self.norm = p(config.hidden_size)
-        self.lm_head = self.embed if config.tie_word_embeddings else p(
-            config.vocab_size, config.hidden_size)
+        self.lm_head = self.embed if config.tie_word_embeddings else _param(
+            lin, config.vocab_size, config.hidden_size, device=self.device, dtype=dtype)
         self.rope = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling,
                                     self.device)
         # Gemma 3: the sliding-window layers rotate with their own, unscaled base

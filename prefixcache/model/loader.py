@@ -1,6 +1,7 @@
 """Load a model: a Hugging Face directory (``config.json`` + ``*.safetensors``, single
 file or sharded with ``model.safetensors.index.json``, plus tokenizer files), a GGUF file
-(or a directory holding one; converted once through ``gguf_cache``), a registered name
+(or a directory holding one; its config and tokenizer converted once through
+``gguf_cache``, its quantized matrices read from the file itself), a registered name
 (``registry``), a Hugging Face hub id (``hub``: ``Qwen/Qwen3-0.6B``,
 ``org/repo-GGUF:Q4_K_M``) or ``"builtin:tiny"``.
 """
@@ -17,7 +18,9 @@ import torch
 from safetensors import safe_open
 
 import prefixcache.model.builtin as builtin
+import prefixcache.model.gguf as gguf
 import prefixcache.model.gguf_cache as gguf_cache
+import prefixcache.model.gguf_quant as gguf_quant
 import prefixcache.model.hub as hub
 import prefixcache.model.quantize as quantize
 import prefixcache.model.registry as registry
@@ -139,9 +142,16 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: PagedLlama, files: list[Path]) -> None:
-    """Fill ``model`` from safetensors ``files``. Raises ValueError naming a missing,
-    unexpected or mis-shaped tensor."""
+def load_weights(model: PagedLlama, files: list[Path], bits: int | None = None) -> int:
+    """Fill ``model`` from safetensors ``files``; with ``bits``, its projections and
+    ``lm_head`` become ``bits``-wide codes (:func:`quantize.apply`, min/max per 32
+    columns), read and quantized one matrix at a time (build ``model`` with
+    ``float_linears=False``: no float copy of them is ever held). Returns the bytes the
+    quantized layers hold (0 without ``bits``).
+
+    Raises:
+        ValueError: naming a missing, unexpected or mis-shaped tensor.
+    """
     with ExitStack() as stack:
         owner = {}
         for f in files:
@@ -149,43 +159,43 @@ def load_weights(model: PagedLlama, files: list[Path]) -> None:
             owner.update({key: handle for key in handle.keys()})
         source = str(files[0].parent)
         check_hf_keys(model, set(owner), source)
-        load_hf_weights(model, lambda key: owner[key].get_tensor(key))
+
+        def get(key: str) -> torch.Tensor:
+            return owner[key].get_tensor(key)
+
+        if bits is None:
+            load_hf_weights(model, get)
+            return 0
+        matrices = quantize.matrix_names(model) - {"model.embed_tokens.weight"}
+        load_hf_weights(model, get, skip=lambda key: key in matrices)
+        return quantize.apply(model, lambda key: AffineCodes.from_float(get(key), bits))
 
 
-def load_gguf_quantized(model: PagedLlama, files: list[Path], gguf_file: Path) -> int:
-    """Fill ``model`` with a GGUF file's matrices kept in its layout
-    (:mod:`prefixcache.model.gguf_quant`, via :func:`quantize.apply`) and the other
-    tensors (norms, biases) from the converted directory's ``files``; on the CPU the
-    token embedding is kept as codes too (``PagedLlama.embed_codes``). The float matrices
-    are never written. Returns the bytes the quantized layers hold.
+def load_gguf_quantized(model: PagedLlama, gguf_file: Path, entry: Path) -> int:
+    """Fill ``model`` (built with ``float_linears=False``) from a GGUF file, its matrices
+    kept in the file's layout (:mod:`prefixcache.model.gguf_quant`, via
+    :func:`quantize.apply`), read from the memory-mapped file one matrix at a time, the
+    other tensors (norms, biases) dequantized; ``entry`` is the file's conversion cache
+    entry (its tensor index and config). On the CPU the token embedding is kept as codes
+    too (``PagedLlama.embed_codes``). No float copy of a matrix is written or held.
+    Returns the bytes the quantized layers hold.
 
     Raises:
         ValueError: a missing, unexpected or mis-shaped tensor (named).
     """
-    codes_path = gguf_cache.codes_file(gguf_file)
-    with safe_open(str(codes_path), framework="pt", device="cpu") as f:
-        bits = json.loads((f.metadata() or {})["bits"])
-    with ExitStack() as stack:  # norms and biases; closed before the codes are read
-        owner = {}
-        for w in files:
-            handle = stack.enter_context(safe_open(str(w), framework="pt", device="cpu"))
-            owner.update({key: handle for key in handle.keys()})
-        check_hf_keys(model, set(owner), str(files[0].parent))
-        load_hf_weights(model, lambda key: owner[key].get_tensor(key),
-                        skip=lambda key: key in bits)
-    with safe_open(str(codes_path), framework="pt", device="cpu") as f:
-
-        def codes_of(name: str) -> AffineCodes:  # read one matrix at a time
-            return AffineCodes(f.get_tensor(f"{name}.codes"), f.get_tensor(f"{name}.scale"),
-                               f.get_tensor(f"{name}.offset"), int(bits[name]))
-
-        total = quantize.apply(model, codes_of)
-        embed = "model.embed_tokens.weight"
-        if model.device.type == "cpu":  # the embedding as codes too: rows read per token
-            model.embed_codes = codes_of(embed)
-            model.embed.data = torch.empty(0, dtype=model.dtype)
-        else:
-            model.embed.copy_(codes_of(embed).dequantize())
+    index = gguf_cache.tensor_index(entry)
+    config = json.loads((entry / "config.json").read_text())
+    src = gguf_quant.GGUFWeights(gguf.mapped_tensors(gguf_file, index),
+                                 index["architecture"], config)
+    check_hf_keys(model, src.names, str(gguf_file))
+    load_hf_weights(model, src.float, skip=lambda key: key in src.matrices)
+    total = quantize.apply(model, src.codes)
+    embed = "model.embed_tokens.weight"
+    if model.device.type == "cpu":  # the embedding as codes too: rows read per token
+        model.embed_codes = src.codes(embed)
+        model.embed.data = torch.empty(0, dtype=model.dtype)
+    else:
+        model.embed.copy_(src.codes(embed).dequantize())
     return total
 
 
@@ -250,18 +260,15 @@ def load_model(model: str, device: torch.device | str = "cpu",
         net.prepack()
         return LoadedModel(net, net.config, builtin.tiny_tokenizer(), model,
                            builtin.CHAT_TEMPLATE, cache_id=_with_layout(model, layout))
-    path = _model_path(model, revision)
+    path = _model_path(model, revision, float_weights=layout != "gguf")
     config = ModelConfig.from_dir(path)
-    files = weight_files(path)
-    net = PagedLlama(config, device, dtype, backend)
+    net = PagedLlama(config, device, dtype, backend, float_linears=layout == "float")
     if layout == "gguf":
         gguf_file = gguf_cache.find_gguf(registry.resolve(model, revision))
         assert gguf_file is not None
-        load_gguf_quantized(net, files, gguf_file)
+        load_gguf_quantized(net, gguf_file, path)
     else:
-        load_weights(net, files)
-        if layout in quantize.BITS:
-            quantize.from_float(net, quantize.BITS[layout])
+        load_weights(net, weight_files(path), quantize.BITS.get(layout))
     net.eval()
     net.prepack()
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
@@ -290,7 +297,7 @@ def load_tokenizer(model: str, revision: str | None = None,
                              f"available: {', '.join(BUILTIN_MODELS)}")
         return builtin.tiny_tokenizer(), _with_layout(
             model, weights_layout(model, quantization))
-    path = _model_path(model, revision)
+    path = _model_path(model, revision, float_weights=False)
     config = ModelConfig.from_dir(path)
     tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
     cache_id = _cache_id(model, path)
@@ -298,9 +305,10 @@ def load_tokenizer(model: str, revision: str | None = None,
                                    weights_layout(model, quantization, revision))
 
 
-def _model_path(model: str, revision: str | None) -> Path:
-    """The directory to load for ``model``; FileNotFoundError when it does not exist."""
-    path = registry.model_dir(model, revision)
+def _model_path(model: str, revision: str | None, float_weights: bool = True) -> Path:
+    """The directory to load for ``model`` (:func:`registry.model_dir`);
+    FileNotFoundError when it does not exist."""
+    path = registry.model_dir(model, revision, float_weights)
     if not path.is_dir():
         raise FileNotFoundError(
             f"model directory not found: {path} (a model is a directory, a .gguf file, a "

@@ -76,15 +76,16 @@ def with_quantized_linears(backend: ComputeBackend) -> ComputeBackend:
 
 
 def _free(p: torch.Tensor | None) -> None:
-    if p is not None:
+    if p is not None and p.device.type != "meta":  # a meta weight holds no memory
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
 
 @torch.inference_mode()
 def apply(model: PagedLlama, codes_of: Callable[[str], AffineCodes]) -> int:
     """Replace every projection and ``lm_head`` of ``model`` with an :class:`Int4Linear`
-    of ``codes_of(HF name)`` (q/k/v and gate/up fused as the float layers are) and free
-    the float weights they replace. Returns the bytes the new layers hold.
+    of ``codes_of(HF name)`` (q/k/v and gate/up fused as the float layers are), one
+    layer at a time, and free the float weights they replace (a model built with
+    ``float_linears=False`` has none). Returns the bytes the new layers hold.
 
     Raises:
         ValueError: a weight's shape does not match the config (named).
@@ -99,8 +100,9 @@ def apply(model: PagedLlama, codes_of: Callable[[str], AffineCodes]) -> int:
         if codes.shape != tuple(like.shape):
             raise ValueError(f"weight {' + '.join(names)} has shape {codes.shape}, expected "
                              f"{tuple(like.shape)} from config.json")
-        codes = AffineCodes(codes.codes.to(like.device), codes.scale.to(like.device),
-                            codes.offset.to(like.device), codes.bits, codes.group)
+        dev = model.device
+        codes = AffineCodes(codes.codes.to(dev), codes.scale.to(dev), codes.offset.to(dev),
+                            codes.bits, codes.group)
         lin = Int4Linear(codes, bias)
         total += lin.nbytes
         return lin
@@ -122,6 +124,15 @@ def apply(model: PagedLlama, codes_of: Callable[[str], AffineCodes]) -> int:
     if not tied:
         _free(model.lm_head)
     return total
+
+
+def matrix_names(model: PagedLlama) -> set[str]:
+    """The HF names :func:`apply` reads: every projection, and ``lm_head.weight`` (or
+    the embedding, when tied)."""
+    names = {f"model.layers.{n}.{p}" for n in range(model.config.num_hidden_layers)
+             for parts in weights.linear_weight_names(model).values() for p in parts}
+    tied = model.config.tie_word_embeddings
+    return names | {"model.embed_tokens.weight" if tied else "lm_head.weight"}
 
 
 def from_float(model: PagedLlama, bits: int) -> int:

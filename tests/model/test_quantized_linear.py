@@ -110,6 +110,45 @@ def test_quantization_setting_is_checked():
         AffineCodes.from_float(torch.zeros(4, 40), 4)
 
 
+def held_weights_are_the_codes(model, bits: int) -> bool:
+    """Every projection and ``lm_head`` is an :class:`Int4Linear` holding exactly its
+    packed codes (``out * in / 2`` bytes per int4 plane) and bfloat16 scale/zero pairs
+    (``in / 32 * out * 4`` bytes per plane), and no float matrix is held (their
+    parameters are empty or shapes on ``meta``)."""
+    planes = 1 if bits <= 4 else 2
+    for layer in model.decoder_layers:
+        for h in [*layer.linears()]:
+            assert isinstance(h, Int4Linear) and h.planes == planes
+            want = planes * (h.out_features * h.in_features // 2
+                             + h.in_features // 32 * h.out_features * 4)
+            assert h.nbytes == want
+        for attr in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+            w = getattr(layer, attr)
+            assert w.device.type == "meta" or w.numel() == 0
+    assert isinstance(model._lm_head, Int4Linear)
+    return True
+
+
+def test_int4_on_a_safetensors_checkpoint_holds_no_float_matrix(tmp_path):
+    """``--quantization int4|int8`` on a Hugging Face checkpoint: each matrix is read and
+    quantized alone (no float copy of the projections is ever held), and the logits are
+    those of the float model quantized in memory (:func:`quantize.from_float`, the
+    same codes), bit for bit."""
+    from prefixcache.model import quantize
+    from prefixcache.model.loader import load_model
+    from tests.model.test_gguf import make_hf_model, our_logits, prompt
+
+    torch.manual_seed(0)
+    make_hf_model("llama").save_pretrained(str(tmp_path))
+    for mode in ("int4", "int8"):
+        loaded = load_model(str(tmp_path), quantization=mode)
+        assert held_weights_are_the_codes(loaded.model, quantize.BITS[mode])
+        assert loaded.model.embed.numel() > 0  # the embedding stays float
+        ref = load_model(str(tmp_path), quantization="none")
+        quantize.from_float(ref.model, quantize.BITS[mode])
+        assert torch.equal(our_logits(loaded, prompt()), our_logits(ref, prompt()))
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K"])
 def test_gguf_file_logits_within_bound_of_dequantized_float(tmp_path, monkeypatch, qtype):
     """The whole model kept quantized against the same file dequantized to float32: the
@@ -137,6 +176,8 @@ def test_gguf_file_logits_within_bound_of_dequantized_float(tmp_path, monkeypatc
     quant = load_model(str(file))
     assert quant.cache_id.endswith(":gguf")
     assert isinstance(quant.model.decoder_layers[0].down_proj, Int4Linear)
+    assert held_weights_are_the_codes(quant.model, {"Q8_0": 8, "Q5_K": 5}.get(qtype, 4))
+    assert not (quant.path / "model.safetensors").exists()  # no float32 conversion
     ids = prompt()
     got = our_logits(quant, ids)
     ref = our_logits(load_model(str(file), quantization="none"), ids)
