@@ -21,13 +21,14 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from prefixcache.cache.identity import model_fingerprint
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.pins import PinCapError, check_pin_ttl
 from prefixcache.cache.tiers.redis_store import RedisTier
 from prefixcache.config import EngineConfig
 from prefixcache.engine.kv_events import KVEventPublisher
 from prefixcache.engine.kv_store import SharedKVStore
-from prefixcache.engine.kv_tiers import KVTiers, model_fingerprint
+from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.miss_diagnostics import DiagnosticsRequest, MissDiagnostics
 from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor

@@ -33,7 +33,7 @@ import time
 import torch
 
 from prefixcache.cache.allocation import EvictedPage
-from prefixcache.cache.hashing import blake2b_128, encode_parts
+from prefixcache.cache.identity import tier_fingerprint
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.tiers.base import Tier
@@ -46,14 +46,6 @@ from prefixcache.engine.tier_estimates import LoadEstimator
 from prefixcache.model.kv_pool import KVPool
 
 GROUP_PAGES = 32  # most pages per stored group (one disk file)
-KV_LAYOUT_VERSION = 1  # bump when KVPool's page layout or export format changes
-
-
-def model_fingerprint(cache_id: str, dtype: torch.dtype, block_size: int) -> str:
-    """The model's part of every chain root and tier header: weights id, KV dtype,
-    block size and KV layout version (a page under any other is a miss)."""
-    return f"{cache_id}|kv={str(dtype).removeprefix('torch.')}|bs={block_size}" \
-           f"|layout={KV_LAYOUT_VERSION}"
 
 
 def page_nbytes(kv: KVPool) -> int:
@@ -83,7 +75,7 @@ class KVTiers:
             ``max_pinned_fraction`` (the pin cap of each tier).
         cache: the pool's manager (its evict hook is set here).
         kv: the KV pool whose pages are copied.
-        fingerprint: :func:`model_fingerprint`.
+        fingerprint: :func:`~prefixcache.cache.identity.model_fingerprint`.
 
     Raises:
         ValueError: ``host_cache_bytes`` (when not 0) or ``disk_cache_bytes`` (with a disk
@@ -94,7 +86,7 @@ class KVTiers:
     def __init__(self, config: EngineConfig, cache: KVCacheManager, kv: KVPool,
                  fingerprint: str):
         self.cache, self.kv = cache, kv
-        self.fingerprint = blake2b_128(encode_parts("kv-fingerprint", fingerprint))
+        self.fingerprint = tier_fingerprint(fingerprint)
         self.tiers: list[Tier] = []
         check_tier_budgets(config, page_nbytes(kv))
         if config.host_cache_bytes:

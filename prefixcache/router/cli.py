@@ -21,7 +21,6 @@ import argparse
 import logging
 import os
 
-from prefixcache.config import DEFAULT_HASH_ROOT_SEED, HASH_SEED_ENV
 from prefixcache.router.index import DEFAULT_APPROX_TTL_S, DEFAULT_MAX_PAGES
 from prefixcache.router.policy import (
     DEFAULT_BALANCE_ABS_TOKENS,
@@ -110,10 +109,10 @@ def build_router_app(args: argparse.Namespace):
     """The app for ``args``, set up from the replicas' ``GET /v1/cache/info``. Raises
     ValueError / OSError on bad arguments, and ValueError naming the field when replicas
     disagree with each other or with a flag."""
+    from prefixcache.cache.page_keys import PromptKeys
     from prefixcache.router.app import RouterSettings, create_router_app
     from prefixcache.router.index import PageIndex
     from prefixcache.router.policy import Policy
-    from prefixcache.router.prompt_keys import PromptKeys
     from prefixcache.router.replica_info import agreed, fetch_all, info_key
     from prefixcache.router.replicas import ReplicaSet
     from prefixcache.server.auth import Authenticator
@@ -172,8 +171,8 @@ def load_replica_tokenizer(model: str | None, info: ReplicaInfo,
     Raises:
         ValueError: it cannot be loaded here, or it is another model (naming the field).
     """
-    from prefixcache.config import resolve_dtype
-    from prefixcache.engine.kv_tiers import model_fingerprint
+    from prefixcache.cache.identity import model_fingerprint
+    from prefixcache.config import dtype_name
     from prefixcache.model.loader import load_tokenizer
 
     name = model or info.model
@@ -182,7 +181,7 @@ def load_replica_tokenizer(model: str | None, info: ReplicaInfo,
     except (OSError, ValueError) as exc:
         hint = "" if model else "; give --model with the same model as found here"
         raise ValueError(f"model: the router cannot load {name!r} ({exc}){hint}") from None
-    mine = model_fingerprint(cache_id, resolve_dtype(info.kv_dtype), info.block_size)
+    mine = model_fingerprint(cache_id, dtype_name(info.kv_dtype), info.block_size)
     if mine != info.model_fingerprint:
         flag = f"--model {name!r}" if model else f"the replicas' model {name!r} as found here"
         raise ValueError(f"model_fingerprint: {flag} gives {mine!r}, the replicas report "
@@ -198,6 +197,7 @@ def root_seed(args: argparse.Namespace, info: ReplicaInfo) -> str:
         ValueError: the seed given disagrees with theirs (naming ``hash_root_seed``).
     """
     from prefixcache.cache.hashing import seed_digest
+    from prefixcache.config import DEFAULT_HASH_ROOT_SEED, HASH_SEED_ENV
 
     given = args.hash_root_seed or os.environ.get(HASH_SEED_ENV) or None
     where = "--hash-root-seed" if args.hash_root_seed else f"${HASH_SEED_ENV}"
