@@ -183,3 +183,91 @@ def test_the_cache_core_knows_nothing_of_torch_or_http():
                 names = [node.module or ""]
             bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] in heavy]
     assert bad == []
+
+
+# The code that computes page keys (DESIGN: "the page keys (fingerprint included) are
+# computable [in cache/], without torch, so the router and the gateway never import a
+# model").
+PAGE_KEY_MODULES = ("prefixcache.cache.identity", "prefixcache.cache.hashing",
+                    "prefixcache.cache.page_keys")
+TORCH = {"torch", "xgrammar", "transformers", "safetensors"}  # each imports torch
+
+
+def _third_party(path: Path, module_level_only: bool) -> set[str]:
+    """Top-level names of the non-prefixcache modules ``path`` imports (lazy imports in
+    functions too, unless ``module_level_only``: what importing the module runs)."""
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = []
+    if module_level_only:
+        todo: list[ast.AST] = list(tree.body)
+        while todo:
+            node = todo.pop()
+            nodes.append(node)
+            if isinstance(node, (ast.If, ast.Try)):
+                todo += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+                todo += [s for h in getattr(node, "handlers", []) for s in h.body]
+    else:
+        nodes = list(ast.walk(tree))
+    out: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out - {"prefixcache"}
+
+
+def _path_of(module: str) -> Path:
+    rel = Path(*module.split(".")[1:])
+    return PKG / rel / "__init__.py" if (PKG / rel).is_dir() else PKG / f"{rel}.py"
+
+
+def test_the_code_that_computes_page_keys_imports_no_torch_statically():
+    """Everything the page-key modules import, transitively (lazy imports included), and
+    the packages above each of them (what importing them runs), imports no torch."""
+    graph = _graph()
+    seen: set[str] = set()
+    todo = list(PAGE_KEY_MODULES)
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        todo += graph[mod]
+    parents = {".".join(m.split(".")[:i]) for m in seen for i in range(1, m.count(".") + 1)}
+    bad = sorted(f"{m}: {sorted(_third_party(_path_of(m), False) & TORCH)}" for m in seen
+                 if _third_party(_path_of(m), False) & TORCH)
+    bad += sorted(f"{m} (package): {sorted(_third_party(_path_of(m), True) & TORCH)}"
+                  for m in parents - seen if _third_party(_path_of(m), True) & TORCH)
+    assert "prefixcache.cache.page_keys" in seen and "prefixcache.cache.hashing" in seen
+    assert bad == []
+
+
+KEYS_SCRIPT = """
+import sys
+from prefixcache.cache.identity import model_fingerprint, tier_fingerprint
+from prefixcache.cache.page_keys import PromptKeys
+import prefixcache.router, prefixcache.router.cli, prefixcache.router.replica_info
+fp = model_fingerprint("builtin:tiny", "float32", 16)
+keys = PromptKeys(fp, "prefixcache/v1", 16)
+print(fp, tier_fingerprint(fp).hex())
+for ns in ((None, None), ("acme", "salt")):
+    print(" ".join(h.hex() for h in keys.page_hashes(list(range(1, 41)), *ns)))
+print(sorted(m for m in ("torch", "xgrammar", "transformers") if m in sys.modules))
+"""
+
+
+def test_page_keys_and_the_router_package_import_no_torch_when_run():
+    """Import the key code and the router's modules that compute or check keys in a
+    fresh interpreter, compute keys: no torch in ``sys.modules``, and the keys are the
+    engines' (exact values, as computed before the fingerprint left the engine)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", KEYS_SCRIPT], capture_output=True,
+                         text=True, timeout=120, check=True).stdout.splitlines()
+    assert out == [
+        "builtin:tiny|kv=float32|bs=16|layout=1 3a839d8f8d68f87765512ca05ef2845d",
+        "a0fa6df2f7eee8de8ad42da7708a9029 26a2a4e1c835d6f8e0a4f105b19bb68d",
+        "b1b345f7fbbe2e7e6bf7602c8014a654 fd686f24cb1f6d5c816ac41a64be371e",
+        "[]"]

@@ -50,7 +50,7 @@ class Allocator:
         self.victim = victim or (lambda tenant: pool.oldest_cached())
         self.counters, self.drop_cached, self.enabled = counters, drop_cached, enabled
         self.block_size = keys.block_size
-        self.on_evict: EvictHook | None = None  # write-back to the KV tiers
+        self.on_evict: EvictHook | None = None  # the connector's, when it writes back
 
     def pages_needed(self, pt: PageTable, num_new_tokens: int) -> int:
         """New pages for ``num_new_tokens`` more tokens after ``num_computed_tokens``."""

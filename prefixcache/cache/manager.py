@@ -15,6 +15,8 @@ registry, hits (:mod:`.hits`), allocation (:mod:`.allocation`) and publication
 
 Pins (:mod:`.pins`, ``mgr.pins``) keep a prefix's pages for a TTL (evicted last, capped);
 tenant quotas (:mod:`.quotas`, ``mgr.quotas``) choose which pages an allocation evicts.
+What lies beyond the pool (KV tiers, a shared store) is one connector
+(:mod:`.connector`, ``mgr.connector``), given at construction.
 
 Policy (DESIGN.md): only full pages are shared; a hit never covers the last token
 (whole-page reuse, so a 32-token prompt sent twice reuses 16); decode pages publish too.
@@ -27,7 +29,8 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from prefixcache.cache.allocation import Allocator, EvictHook
+from prefixcache.cache.allocation import Allocator
+from prefixcache.cache.connector import KVConnector, NullConnector
 from prefixcache.cache.events import CacheEventLog
 from prefixcache.cache.hashing import HashFn, PageHasher
 from prefixcache.cache.hits import HitFinder, Probe
@@ -66,9 +69,14 @@ class KVCacheManager:
         tenant_quota_fraction: every tenant's quota, a share of the pool; ``None`` for
             none (:mod:`.quotas`). ``tenant_quotas``: per-tenant shares overriding it.
         clock: time source of pin TTLs, in seconds (default ``time.time``).
+        connector: what lies beyond the pool (:mod:`.connector`), bound to this manager
+            here; default :class:`~.connector.NullConnector` (nothing). With
+            ``connector.writes_back``, evicted pages are handed to it and pinned pages
+            are demoted with their pins rather than lapsing them.
 
     Raises:
-        ValueError: ``block_size < 1``, ``num_pages < 1``, or a fraction out of range.
+        ValueError: ``block_size < 1``, ``num_pages < 1``, or a fraction out of range;
+            ``connector`` already bound to another manager.
     """
 
     def __init__(self, num_pages: int, block_size: int = 16, *,
@@ -77,7 +85,8 @@ class KVCacheManager:
                  shuffle_seed: int | None = None, max_pinned_fraction: float = 0.5,
                  tenant_quota_fraction: float | None = None,
                  tenant_quotas: dict | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 connector: KVConnector | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -99,6 +108,12 @@ class KVCacheManager:
                                 self._victim)
         self.drop_log: DropLog | None = None  # see :meth:`record_drops`
         self._quota_victim: int | None = None
+        self.connector = connector if connector is not None else NullConnector()
+        self.connector.bind(self)
+        if self.connector.writes_back:  # evicted pages go down to the tiers, pins too
+            self._alloc.on_evict = self.connector.on_evict
+            self.pins.demotion.enabled = True
+            self.pins.demotion.hook = self.connector.on_pinned
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -218,12 +233,13 @@ class KVCacheManager:
             self._quota_victim = page if own else None
         return page
 
-    def set_evict_hook(self, hook: EvictHook | None) -> None:
-        """Call ``hook`` with the published pages an allocation evicts, once per
-        allocation, after their index entries are gone and before the caller's step can
-        overwrite them (write-back to the KV tiers). It must not call back into the
-        manager."""
-        self._alloc.on_evict = hook
+    def close_connector(self) -> None:
+        """Close the connector (:meth:`.connector.KVConnector.close`: the tiers write
+        the cached pages down), then stop handing it evictions and pins: from here on an
+        evicted pinned page lapses its pins, and the pool serves alone. Idempotent."""
+        self.connector.close()
+        self._alloc.on_evict = None
+        self.pins.demotion.enabled, self.pins.demotion.hook = False, None
 
     # -- allocation --------------------------------------------------------------------
     def pages_needed(self, pt: PageTable, num_new_tokens: int) -> int:
@@ -328,8 +344,9 @@ class KVCacheManager:
         del self.tables[pt.request_id]
 
     def _evict(self, page: int) -> None:
-        """Allocation evicts a cached-free page: with the write-back hook set, its pins
-        are demoted with it rather than lapsing (:mod:`.pin_demotion`)."""
+        """Allocation evicts a cached-free page: while the connector takes evictions
+        (write-back), its pins are demoted with it rather than lapsing
+        (:mod:`.pin_demotion`)."""
         if self.pool.pinned[page] and self._alloc.on_evict is not None:
             self.pins.on_drop(page, evicted=True)
         self.drop_cached(page, "quota" if page == self._quota_victim else "pool")

@@ -75,3 +75,26 @@ class PageKeys:
             hashes += self.hasher.chain(prev, self.raw(pt, i, num_pages),
                                         self.extras(pt, i, num_pages), self.page_bytes)
         return hashes
+
+
+class PromptKeys:
+    """Page hashes of whole prompts for one model, outside any pool: exactly the
+    engines' keys (DESIGN: one key everywhere), so the router's index matches the pages
+    the replicas publish, and a tenant's prompt only matches its own tenant's pages.
+
+    Args:
+        fingerprint: the model's part of the chain root, the engines'
+            :func:`~prefixcache.cache.identity.model_fingerprint`.
+        root_seed: the engines' ``hash_root_seed``.
+        block_size: the engines' page size, tokens.
+    """
+
+    def __init__(self, fingerprint: str, root_seed: str, block_size: int):
+        self.block_size = block_size
+        self.keys = PageKeys(PageHasher(fingerprint, root_seed), block_size)
+
+    def page_hashes(self, token_ids: list[int], tenant: str | None,
+                    cache_salt: str | None) -> list[bytes]:
+        """Hashes of every full page of ``token_ids``, in order (16 bytes each)."""
+        pt = self.keys.new_table("prompt", token_ids, tenant, cache_salt, (), (), True)
+        return list(self.keys.hashes(pt, len(token_ids) // self.block_size))

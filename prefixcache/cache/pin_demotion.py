@@ -20,8 +20,10 @@ class PinDemotion:
     """Demotion state of one pin registry.
 
     Attributes:
-        enabled: set by the engine's KV tiers (write-back with a host or disk tier).
-        hook: ``hook(hashes, pinned)``, the tiers' side (``None``: no tiers).
+        enabled: set by the manager when its KV connector writes back (a host or disk
+            tier, ``cache/connector.py``).
+        hook: ``hook(hashes, pinned)``, the connector's ``on_pinned`` (``None``: no
+            tiers).
         waiting: demoted page hash -> the pins awaiting it.
     """
 

@@ -21,13 +21,14 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from prefixcache.cache.identity import model_fingerprint
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.pins import PinCapError, check_pin_ttl
-from prefixcache.cache.tiers.redis_store import RedisTier
 from prefixcache.config import EngineConfig
+from prefixcache.engine.kv_connector import TieredConnector, build_connector
 from prefixcache.engine.kv_events import KVEventPublisher
 from prefixcache.engine.kv_store import SharedKVStore
-from prefixcache.engine.kv_tiers import KVTiers, model_fingerprint
+from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.miss_diagnostics import DiagnosticsRequest, MissDiagnostics
 from prefixcache.engine.model_runner import ModelRunner, StepResult
 from prefixcache.engine.output_processor import OutputProcessor
@@ -86,6 +87,8 @@ class LLMEngine:
             f"the KV pool allows {self.max_model_len} tokens ({num_pages} pages of {bs} tokens; "
             "raise num_pages or kv_cache_bytes)" if num_pages * bs < limit
             else f"the maximum context length (max_model_len) is {self.max_model_len} tokens")
+        # the tiers and the shared store, or nothing: built once, given to the manager
+        self.connector = build_connector(config, self.runner.kv, self.fingerprint)
         self.cache = KVCacheManager(num_pages, bs,
                                     enable_prefix_caching=config.enable_prefix_caching,
                                     model_id=self.fingerprint,
@@ -93,24 +96,10 @@ class LLMEngine:
                                     shuffle_seed=config.shuffle_seed,
                                     max_pinned_fraction=config.max_pinned_fraction,
                                     tenant_quota_fraction=config.tenant_quota_fraction,
-                                    tenant_quotas=config.tenant_quotas)
+                                    tenant_quotas=config.tenant_quotas,
+                                    connector=self.connector)
         self.scheduler = Scheduler(config, self.cache, clock)
         self.diagnostics = MissDiagnostics(self.cache, self.tokenizer, self.fingerprint)
-        self.tiers: KVTiers | None = None
-        self.shared: SharedKVStore | None = None
-        if config.enable_prefix_caching and (config.host_cache_bytes or config.disk_cache_dir
-                                             or config.kv_store_url):
-            self.tiers = KVTiers(config, self.cache, self.runner.kv, self.fingerprint)
-            self.scheduler.extend_hit = self.tiers.extend_hit
-            if config.kv_store_url:
-                remote = RedisTier(config.kv_store_url, self.tiers.fingerprint,
-                                   ttl_s=config.kv_store_ttl_s,
-                                   timeout_s=config.kv_store_timeout_s,
-                                   layout=self.tiers.layout)
-                self.tiers.add_remote(remote)
-                self.shared = SharedKVStore(config, self.cache, self.runner.kv, remote,
-                                            self.tiers.estimates)
-                self.scheduler.remote_wait = self.shared.should_wait
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
         self.groups: dict[str, SampleGroup] = {}  # live n > 1 requests, by request id
@@ -121,7 +110,7 @@ class LLMEngine:
                          "requests_aborted": 0}
         self._pending_outputs: list[RequestOutput] = []
         self.kv_events: KVEventPublisher | None = None
-        if config.kv_events_endpoint or self.shared is not None:
+        if config.kv_events_endpoint or self.connector.records_events:
             self._event_log = self.cache.record_events()
         if config.kv_events_endpoint:
             self.kv_events = KVEventPublisher(
@@ -303,8 +292,7 @@ class LLMEngine:
             self.diagnostics.remember(req)
         self.scheduler.remove(req)
         self.requests.pop(req.request_id, None)
-        if self.shared is not None:
-            self.shared.forget(req.request_id)
+        self.connector.on_finished(req.request_id)
         group = req.group
         if group is not None and req is group.parent:
             for member in group.unforked:  # they never ran: they end with the parent
@@ -326,7 +314,7 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             self._send_events()
-            if self.shared is not None and self.shared.waiting and not outputs:
+            if self.connector.waiting and not outputs:
                 time.sleep(0.002)  # only followers of another replica: do not spin
             return outputs
         self.counters["steps"] += 1
@@ -337,24 +325,24 @@ class LLMEngine:
             log.exception("model step failed")
             self._send_events()
             return outputs + self._fail(plan.scheduled, exc)
-        if self.tiers is not None and any(s.request.in_prefill for s in plan.scheduled):
-            self.tiers.estimates.observe_prefill(time.perf_counter() - t0,
-                                                 sum(s.num_tokens for s in plan.scheduled))
+        if any(s.request.in_prefill for s in plan.scheduled):
+            self.connector.observe_prefill(time.perf_counter() - t0,
+                                           sum(s.num_tokens for s in plan.scheduled))
         self._publish(plan.scheduled, result)
         self._fork(result)
         self._send_events()
         return outputs + self._emit(result)
 
     def _send_events(self) -> None:
-        """Hand the step's index changes to the KV event publisher and the shared tier's
-        store queue (both asynchronous)."""
-        if self.kv_events is None and self.shared is None:
+        """Hand the step's index changes to the KV event publisher and the KV connector
+        (the shared tier's store queue; both asynchronous)."""
+        if self.kv_events is None and not self.connector.records_events:
             return
         events = self._event_log.drain()
         if self.kv_events is not None:
             self.kv_events.publish(events)
-        if self.shared is not None and events:
-            self.shared.publish(events)
+        if self.connector.records_events and events:
+            self.connector.on_published(events)
 
     def _fail(self, scheduled: list[ScheduledSeq], exc: Exception) -> list[RequestOutput]:
         """Publish nothing, withdraw the step's in-flight pages, finish its requests."""
@@ -459,10 +447,7 @@ class LLMEngine:
                  pages_kept_for_global_layers=sum(
                      mc.pages_for_global_layers_only(r.num_computed_tokens, bs)
                      for r in self.scheduler.running.values()))
-        if self.tiers is not None:
-            d.update(self.tiers.stats())
-        if self.shared is not None:
-            d.update(self.shared.stats())
+        d.update(self.connector.stats())
         if self._grammar is not None:
             d.update(self._grammar.stats)
         return d
@@ -486,8 +471,7 @@ class LLMEngine:
         out = []
         for pin in self.cache.pins.list(tenant):
             demoted = pin.demoted()
-            tier = "pool" if not demoted else (
-                None if self.tiers is None else self.tiers.tier_of(demoted))
+            tier = "pool" if not demoted else self.connector.tier_of(demoted)
             if tier is None:
                 self.cache.pins.drop(pin)
                 continue
@@ -511,15 +495,23 @@ class LLMEngine:
         """Finish the queued KV tier stores and stop their worker, and close the KV
         event sockets (idempotent). The engine keeps serving from the pool alone
         afterwards."""
-        if self.shared is not None:
-            self.shared.close()  # before the tiers close their clients
-        if self.tiers is not None and not self.tiers.closed:
-            self.scheduler.extend_hit = None
-            self.cache.set_evict_hook(None)
-            self.tiers.close()  # its counters stay readable in stats()
+        self.cache.close_connector()  # its counters stay readable in stats()
         if self.kv_events is not None:
             self.kv_events.close()
             self.kv_events = None
+
+    @property
+    def tiers(self) -> KVTiers | None:
+        """The KV tiers behind :attr:`connector` (introspection: tests, benchmarks), or
+        ``None`` without tiers."""
+        c = self.connector
+        return c.tiers if isinstance(c, TieredConnector) else None
+
+    @property
+    def shared(self) -> SharedKVStore | None:
+        """The shared store behind :attr:`connector` (introspection), or ``None``."""
+        c = self.connector
+        return c.shared if isinstance(c, TieredConnector) else None
 
     def reset_prefix_cache(self):
         """Drop unreferenced cached pages; running requests are unaffected."""

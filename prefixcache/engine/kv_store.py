@@ -30,11 +30,11 @@ import torch
 
 from prefixcache.cache.events import CacheEvent, PageStored
 from prefixcache.cache.manager import KVCacheManager
+from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.tiers.format import PageGroup
 from prefixcache.cache.tiers.redis_store import RedisTier
 from prefixcache.cache.tiers.store_queue import StoreQueue
 from prefixcache.config import EngineConfig
-from prefixcache.engine.request import Request
 from prefixcache.engine.tier_estimates import LoadEstimator
 from prefixcache.model.kv_pool import KVPool
 
@@ -53,17 +53,20 @@ class SharedKVStore:
 
     Args:
         config: reads ``kv_store_lock_wait_s`` and ``tier_store_queue``.
-        cache: the pool's manager (hashes, hit limits, the index).
         kv: the KV pool (pages are exported from it).
         remote: the :class:`RedisTier` (also one of ``KVTiers``' tiers, for loads).
         estimates: the engine's load/recompute estimates (caps a follower's wait).
         clock: monotonic seconds (tests).
+
+    The pool's manager (hashes, hit limits, the index) is given by :meth:`bind`, when it
+    is built with the engine's connector (``engine/kv_connector.py``).
     """
 
-    def __init__(self, config: EngineConfig, cache: KVCacheManager, kv: KVPool,
-                 remote: RedisTier, estimates: LoadEstimator,
-                 clock: Callable[[], float] = time.monotonic):
-        self.cache, self.kv, self.remote, self.estimates = cache, kv, remote, estimates
+    cache: KVCacheManager  # set by bind()
+
+    def __init__(self, config: EngineConfig, kv: KVPool, remote: RedisTier,
+                 estimates: LoadEstimator, clock: Callable[[], float] = time.monotonic):
+        self.kv, self.remote, self.estimates = kv, remote, estimates
         self.clock = clock
         self.lock_wait_s = config.kv_store_lock_wait_s
         self.queue = StoreQueue([remote], config.tier_store_queue)
@@ -74,6 +77,9 @@ class SharedKVStore:
         self.lock_wait_hits = 0    # ... and found the leader's pages
         self.lock_timeouts = 0     # ... and gave up (deadline or lock gone, pages absent)
         self.published_pages = 0
+
+    def bind(self, cache: KVCacheManager) -> None:
+        self.cache = cache
 
     # -- stores ------------------------------------------------------------------------
     def publish(self, events: list[CacheEvent]) -> None:
@@ -101,20 +107,19 @@ class SharedKVStore:
         self.published_pages += len(pages)
 
     # -- cross-replica followers -------------------------------------------------------
-    def should_wait(self, req: Request) -> bool:
-        """Scheduler hook, before admission: whether ``req`` keeps waiting for another
-        replica computing its cold prefix (see the module docstring)."""
-        rid = req.request_id
+    def should_wait(self, pt: PageTable) -> bool:
+        """Before admission: whether ``pt``'s request keeps waiting for another replica
+        computing its cold prefix (see the module docstring)."""
+        rid = pt.request_id
         if self.lock_wait_s <= 0 or rid in self._decided or self.remote.degraded:
             return False
         now = self.clock()
         wait = self._waits.get(rid)
         if wait is None:
-            return self._first_look(req, now)
+            return self._first_look(pt, now)
         if now < wait.next_poll:
             return True
         wait.next_poll = now + POLL_S
-        pt = req.table
         limit = self.cache.hit_limit_pages(pt)
         hit = len(self.cache.probe(pt).hit_pages)
         hashes = self.cache.page_hashes(pt, limit)
@@ -129,8 +134,8 @@ class SharedKVStore:
             return False
         return True
 
-    def _first_look(self, req: Request, now: float) -> bool:
-        rid, pt = req.request_id, req.table
+    def _first_look(self, pt: PageTable, now: float) -> bool:
+        rid = pt.request_id
         self._decided.add(rid)
         limit = self.cache.hit_limit_pages(pt)
         hit = len(self.cache.probe(pt).hit_pages)

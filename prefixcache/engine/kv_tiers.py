@@ -1,7 +1,8 @@
 """The KV tiers under the page pool, seen from the engine: write-back, lookup and load.
 
-DESIGN: "the model runner is the one place that moves page contents between the pool and
-the tiers": this module is that place. It copies pages out of the pool
+DESIGN: "one KV-connector object, passed in at construction, is the one place that moves
+page contents between the pool and the tiers": this module is the tiers' part of that
+connector (``engine/kv_connector.py``), which calls it. It copies pages out of the pool
 (:meth:`KVPool.export_pages`) when the cache core evicts them (write-back) or when they are
 hit (selective write-through), and queues them for the asynchronous store worker; at a
 request's admission it continues the chain match past the pool into host RAM (L2) and then
@@ -32,7 +33,7 @@ import time
 import torch
 
 from prefixcache.cache.allocation import EvictedPage
-from prefixcache.cache.hashing import blake2b_128, encode_parts
+from prefixcache.cache.identity import tier_fingerprint
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.tiers.base import Tier
@@ -45,21 +46,6 @@ from prefixcache.engine.tier_estimates import LoadEstimator
 from prefixcache.model.kv_pool import KVPool
 
 GROUP_PAGES = 32  # most pages per stored group (one disk file)
-KV_LAYOUT_VERSION = 1  # bump when KVPool's page layout or export format changes
-
-
-def model_fingerprint(cache_id: str, kv_dtype: str | torch.dtype, block_size: int) -> str:
-    """The model's part of every chain root and tier header: weights id, KV dtype (the
-    pool's: ``float32``, ``bfloat16``, ``int8``...), block size and KV layout version (a
-    page under any other is a miss: pools of different KV dtypes share nothing)."""
-    return f"{cache_id}|kv={kv_dtype_name(kv_dtype)}|bs={block_size}" \
-           f"|layout={KV_LAYOUT_VERSION}"
-
-
-def kv_dtype_name(dtype: str | torch.dtype) -> str:
-    """``"float32"`` for ``torch.float32`` (names as torch prints them, no prefix); a
-    string is returned as it is."""
-    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
 
 def page_nbytes(kv: KVPool) -> int:
@@ -81,15 +67,16 @@ def check_tier_budgets(config: EngineConfig, page_bytes: int) -> None:
 
 
 class KVTiers:
-    """Host-RAM and disk tiers of one engine.
+    """Host-RAM and disk tiers of one engine (and the lookups of a shared one): the
+    tiers' part of the engine's KV connector (``engine/kv_connector.py``), which calls
+    it; bound to the pool's manager by :meth:`bind` when that manager is built.
 
     Args:
         config: reads ``host_cache_bytes``, ``disk_cache_dir``, ``disk_cache_bytes``,
             ``tier_write_policy``, ``tier_load_policy``, ``tier_store_queue``,
             ``max_pinned_fraction`` (the pin cap of each tier).
-        cache: the pool's manager (its evict hook is set here).
         kv: the KV pool whose pages are copied.
-        fingerprint: :func:`model_fingerprint`.
+        fingerprint: :func:`~prefixcache.cache.identity.model_fingerprint`.
 
     Raises:
         ValueError: ``host_cache_bytes`` (when not 0) or ``disk_cache_bytes`` (with a disk
@@ -97,10 +84,11 @@ class KVTiers:
             writable directory (:class:`DiskTier`).
         OSError: the disk directory cannot be created."""
 
-    def __init__(self, config: EngineConfig, cache: KVCacheManager, kv: KVPool,
-                 fingerprint: str):
-        self.cache, self.kv = cache, kv
-        self.fingerprint = blake2b_128(encode_parts("kv-fingerprint", fingerprint))
+    cache: KVCacheManager  # set by bind()
+
+    def __init__(self, config: EngineConfig, kv: KVPool, fingerprint: str):
+        self.kv = kv
+        self.fingerprint = tier_fingerprint(fingerprint)
         self.tiers: list[Tier] = []
         check_tier_budgets(config, page_nbytes(kv))
         if config.host_cache_bytes:
@@ -114,18 +102,21 @@ class KVTiers:
         self.queue = StoreQueue(self.tiers, config.tier_store_queue)
         self.estimates = LoadEstimator(config.tier_load_policy)
         self.write_through = config.tier_write_policy == "write_through"
+        # evicted pages are written back (a shared tier stores at publication instead),
+        # and pins are demoted with them rather than lapsing
+        self.writes_back = bool(self.local) and not self.write_through
         self.hit_tokens = {t.name: 0 for t in self.tiers}
         self.remote: list[Tier] = []  # shared tiers (L4): asked by lookup_run, not contains
         self.token_mismatches = 0
         self.export_bytes = 0
         self.closed = False
-        if self.local and not self.write_through:  # a shared tier stores at publication
-            cache.set_evict_hook(self.write_back)
-            cache.pins.demotion.enabled = True  # pins are demoted rather than lapsing
-            cache.pins.demotion.hook = self.set_pinned
+
+    def bind(self, cache: KVCacheManager) -> None:
+        """The pool's manager (hashes, hit limits, allocation, pins)."""
+        self.cache = cache
 
     def set_pinned(self, hashes: list[bytes], pinned: bool) -> None:
-        """The pins' demotion ``hook``: page hashes that became pinned (or not)."""
+        """Page hashes that became pinned (or not): the tiers keep them last."""
         for tier in self.local:
             tier.set_pinned(hashes, pinned)
 
@@ -338,7 +329,6 @@ class KVTiers:
             return
         self.closed = True
         self.write_back_cached()
-        self.cache.pins.demotion.enabled, self.cache.pins.demotion.hook = False, None
         self.queue.close()
         for t in self.tiers:
             t.close()

@@ -11,7 +11,9 @@ Each :meth:`Scheduler.schedule` call plans one model step under a token budget
    Decoding requests compute one token. When the pool runs dry, the most recently
    admitted request is preempted (recompute: its pages are freed, published ones stay
    cached, and it goes back to the waiting queue).
-2. Waiting requests are admitted while budget, ``max_num_seqs`` and pages allow, in
+2. Waiting requests are admitted while budget, ``max_num_seqs`` and pages allow (and
+   the cache's KV connector does not keep them waiting for another replica's pages;
+   on admission it continues their hit beyond the pool: ``cache/connector.py``), in
    cache-aware order: a request counts as having arrived up to
    ``cache_aware_window_s`` seconds earlier in proportion to the share of its prompt
    that is cached or in flight. A cold request is passed only by requests that arrived
@@ -35,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prefixcache.cache.manager import KVCacheManager
-from prefixcache.cache.page_table import PageTable
 from prefixcache.config import EngineConfig
 from prefixcache.engine.request import Request, RequestStatus
 
@@ -69,10 +70,9 @@ class Scheduler:
         self.running: dict[str, Request] = {}  # by request id, in admission order
         self._admit_counter = 0
         self.num_preemptions = 0
-        # continues an admitted request's hit into the KV tiers (engine/kv_tiers.py)
-        self.extend_hit: Callable[[PageTable], int] | None = None
-        # whether a waiting request waits for another replica's pages (engine/kv_store.py)
-        self.remote_wait: Callable[[Request], bool] | None = None
+        # what lies beyond the pool (cache/connector.py), given to the manager at
+        # construction: loads at admission, and the wait for another replica's pages
+        self.connector = cache.connector
 
     # -- queue operations ------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -208,7 +208,7 @@ class Scheduler:
             follows = probe.next_owner in self.running
             if budget <= 0 and not follows:
                 continue
-            if not follows and self.remote_wait is not None and self.remote_wait(req):
+            if not follows and self.connector.should_wait(pt):
                 continue  # another replica computes its cold prefix: stay waiting
             hit = len(probe.hit_pages) * self.cache.block_size
             n = min(len(req.all_token_ids) - hit, budget)
@@ -227,8 +227,7 @@ class Scheduler:
                 req.metrics.first_scheduled_time = self.clock()
             if follows:  # the page after its hits is computed by a running request
                 continue
-            if self.extend_hit is not None:
-                self.extend_hit(pt)
+            self.connector.load(pt)  # continue the hit beyond the pool
             n = min(req.num_tokens_to_compute, budget)
             if n <= 0 or not self.cache.allocate(pt, n):
                 # Cannot compute now after all: undo the admission, keep its place.

@@ -7,7 +7,7 @@ names (or their ``--model``), as they report them (:mod:`.replica_info`).
 
 A request is authenticated with the same key file as the replicas (401 otherwise), parsed
 and tokenized with the server's own preparer (the same 400s naming the field), hashed
-into the engines' page hashes (:mod:`.prompt_keys`), routed (:mod:`.replicas`,
+into the engines' page hashes (``cache.page_keys.PromptKeys``), routed (:mod:`.replicas`,
 :mod:`.policy`) and forwarded (:mod:`.proxy`). Replicas are health-checked every
 ``health_interval_s`` on ``GET /health``; one that did not answer ``GET /v1/cache/info``
 at start is asked again with each health check and takes requests once its answer agrees;
@@ -34,8 +34,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from prefixcache.cache.page_keys import PromptKeys
 from prefixcache.router.metrics import RouterMetrics
-from prefixcache.router.prompt_keys import PromptKeys
 from prefixcache.router.proxy import FORWARDED_HEADERS, Proxy
 from prefixcache.router.replica_info import PATH as INFO_PATH
 from prefixcache.router.replica_info import ReplicaInfo, headers_for, mismatch

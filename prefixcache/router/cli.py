@@ -21,7 +21,7 @@ import argparse
 import logging
 import os
 
-from prefixcache.config import DEFAULT_HASH_ROOT_SEED, HASH_SEED_ENV, KV_CACHE_DTYPES
+from prefixcache.cache.identity import KV_CACHE_DTYPES
 from prefixcache.router.index import DEFAULT_APPROX_TTL_S, DEFAULT_MAX_PAGES
 from prefixcache.router.policy import (
     DEFAULT_BALANCE_ABS_TOKENS,
@@ -115,10 +115,10 @@ def build_router_app(args: argparse.Namespace):
     """The app for ``args``, set up from the replicas' ``GET /v1/cache/info``. Raises
     ValueError / OSError on bad arguments, and ValueError naming the field when replicas
     disagree with each other or with a flag."""
+    from prefixcache.cache.page_keys import PromptKeys
     from prefixcache.router.app import RouterSettings, create_router_app
     from prefixcache.router.index import PageIndex
     from prefixcache.router.policy import Policy
-    from prefixcache.router.prompt_keys import PromptKeys
     from prefixcache.router.replica_info import agreed, fetch_all, info_key
     from prefixcache.router.replicas import ReplicaSet
     from prefixcache.server.auth import Authenticator
@@ -178,7 +178,7 @@ def load_replica_tokenizer(model: str | None, info: ReplicaInfo,
     Raises:
         ValueError: it cannot be loaded here, or it is another model (naming the field).
     """
-    from prefixcache.engine.kv_tiers import model_fingerprint
+    from prefixcache.cache.identity import model_fingerprint
     from prefixcache.model.loader import load_tokenizer
 
     name = model or info.model
@@ -203,6 +203,7 @@ def root_seed(args: argparse.Namespace, info: ReplicaInfo) -> str:
         ValueError: the seed given disagrees with theirs (naming ``hash_root_seed``).
     """
     from prefixcache.cache.hashing import seed_digest
+    from prefixcache.config import DEFAULT_HASH_ROOT_SEED, HASH_SEED_ENV
 
     given = args.hash_root_seed or os.environ.get(HASH_SEED_ENV) or None
     where = "--hash-root-seed" if args.hash_root_seed else f"${HASH_SEED_ENV}"

@@ -25,7 +25,7 @@ from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.page_table import PageTable
 from prefixcache.cache.pins import PinCapError
 from prefixcache.config import EngineConfig
-from prefixcache.engine.kv_tiers import KVTiers
+from prefixcache.engine.kv_connector import TieredConnector, build_connector
 from prefixcache.model.kv_pool import KVPool
 
 BS, PAGES = 2, 10
@@ -43,18 +43,20 @@ class TierMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="tiers-sm-")
         self.now = 0.0
-        self.cache = KVCacheManager(PAGES, BS, clock=lambda: self.now)
         self.kv = KVPool(1, PAGES, BS, 1, 1, torch.float32, "cpu")
         page_bytes = 2 * BS * 4
         cfg = EngineConfig(host_cache_bytes=8 * page_bytes, disk_cache_dir=self.dir,
                            disk_cache_bytes=6000, tier_load_policy="always",
                            tier_store_queue=8)
-        self.tiers = KVTiers(cfg, self.cache, self.kv, "sm-model")
+        connector = build_connector(cfg, self.kv, "sm-model")
+        assert isinstance(connector, TieredConnector)
+        self.cache = KVCacheManager(PAGES, BS, clock=lambda: self.now, connector=connector)
+        self.tiers = connector.tiers
         self.reqs: dict[str, tuple[PageTable, int]] = {}
         self.n = 0
 
     def teardown(self):
-        self.tiers.close()
+        self.cache.close_connector()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @rule(ns=st.integers(0, 2), which=st.integers(0, len(PROMPTS) - 1), flush=st.booleans())
@@ -65,7 +67,7 @@ class TierMachine(RuleBasedStateMachine):
         self.n += 1
         pt = self.cache.new_page_table(rid, list(PROMPTS[which]), tenant=f"t{ns}")
         self.cache.take_hits(pt)
-        self.tiers.extend_hit(pt)
+        self.cache.connector.load(pt)
         self.reqs[rid] = (pt, ns)
 
     @precondition(lambda self: self.reqs)

@@ -7,8 +7,8 @@ import hashlib
 import pytest
 
 from prefixcache.cache.manager import KVCacheManager
+from prefixcache.cache.page_keys import PromptKeys
 from prefixcache.router.index import PageIndex
-from prefixcache.router.prompt_keys import PromptKeys
 
 BS = 16
 
