@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from prefixcache.cache.identity import KV_CACHE_DTYPES
-
 # The one dtype table: every alias a user may write, to the torch dtype it means.
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -36,8 +34,8 @@ COMPUTE_BACKENDS = ("auto", "torch", "cpu", "cpu-kernels")
 # --quantization: how linear weights are held (prefixcache.model.quantize)
 QUANTIZATION_MODES = ("auto", "none", "int4", "int8")
 # --kv-cache-dtype: how the KV pool stores K and V (prefixcache.model.kv_pool); "auto" is
-# the model's dtype, "int8" 8-bit codes with a float32 scale per token and KV head
-# (KV_CACHE_DTYPES, defined with the fingerprint in the torch-free cache core).
+# the model's dtype, "int8" 8-bit codes with a float32 scale per token and KV head.
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

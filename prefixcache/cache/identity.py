@@ -16,10 +16,6 @@ from prefixcache.cache.hashing import blake2b_128, encode_parts
 # hence every page key and every tier entry written before, changes with it.
 KV_LAYOUT_VERSION = 1
 
-# The KV pool dtypes a user may ask for (``--kv-cache-dtype``); ``auto`` follows the
-# weights' dtype.
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
-
 
 def kv_dtype_name(dtype: object) -> str:
     """The name a KV dtype has in the fingerprint: ``str(dtype)`` without a ``torch.``

@@ -21,7 +21,6 @@ import argparse
 import logging
 import os
 
-from prefixcache.cache.identity import KV_CACHE_DTYPES
 from prefixcache.router.index import DEFAULT_APPROX_TTL_S, DEFAULT_MAX_PAGES
 from prefixcache.router.policy import (
     DEFAULT_BALANCE_ABS_TOKENS,
@@ -63,7 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--dtype", default=None, help="the replicas' KV dtype as their --dtype "
                    "(when their --kv-cache-dtype is auto; default: as they report; given, it "
                    "must agree)")
-    p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES[1:],
+    p.add_argument("--kv-cache-dtype", default=None, metavar="DTYPE",
                    help="the replicas' KV dtype (default: as they report; given, it must "
                         "agree; replicas of different KV dtypes are refused: their pages "
                         "are keyed apart)")
