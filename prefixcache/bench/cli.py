@@ -134,6 +134,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no-reuse: requests")
     g.add_argument("--no-reuse-prompt-tokens", type=int, default=d.no_reuse_prompt_tokens,
                    help="no-reuse: prompt length (tokens)")
+    g.add_argument("--no-reuse-max-tokens", type=int, default=None,
+                   help="no-reuse: output tokens per request (default: --max-tokens)")
     g.add_argument("--tenant-prefixes", type=int, default=d.tenant_prefixes,
                    help="multi-tenant: system prompts")
     g.add_argument("--tenant-questions", type=int, default=d.tenant_questions,
@@ -157,6 +159,7 @@ def workload_config(args) -> WorkloadConfig:
         burst_size=args.burst_size, tenants=args.tenants, tenant_prefixes=args.tenant_prefixes,
         tenant_questions=args.tenant_questions, no_reuse_requests=args.no_reuse_requests,
         no_reuse_prompt_tokens=args.no_reuse_prompt_tokens,
+        no_reuse_max_tokens=args.no_reuse_max_tokens,
         requests_file=args.requests)
 
 

@@ -108,6 +108,7 @@ class WorkloadConfig:
     # no-reuse: distinct prompts of about this many tokens (nothing to reuse)
     no_reuse_requests: int = 8
     no_reuse_prompt_tokens: int = 512
+    no_reuse_max_tokens: int | None = None  # output tokens; None: max_tokens
     # replay
     requests_file: str | None = None
 
@@ -403,7 +404,8 @@ def no_reuse(cfg: WorkloadConfig, measure: Measure = approx_tokens,
              root: Path | None = None) -> list[BenchRequest]:
     words = " ".join(user_questions(root, cfg.question_max_chars)).split()
     return no_reuse_requests(words, cfg.no_reuse_requests, cfg.no_reuse_prompt_tokens,
-                             seed=cfg.seed, max_tokens=cfg.max_tokens, measure=measure)
+                             seed=cfg.seed, measure=measure,
+                             max_tokens=cfg.no_reuse_max_tokens or cfg.max_tokens)
 
 
 # --------------------------------------------------------------------------- replay

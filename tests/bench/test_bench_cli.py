@@ -26,10 +26,12 @@ def test_defaults_and_sizes():
     assert a.quantization == "auto"
     cfg = cli.workload_config(parse("--num-prefixes", "8", "--prefix-chars", "100:200",
                                     "--max-tokens", "32", "--no-reuse-requests", "3",
-                                    "--no-reuse-prompt-tokens", "128"))
+                                    "--no-reuse-prompt-tokens", "128",
+                                    "--no-reuse-max-tokens", "256"))
     got = (cfg.num_prefixes, cfg.prefix_min_chars, cfg.prefix_max_chars, cfg.max_tokens,
-           cfg.no_reuse_requests, cfg.no_reuse_prompt_tokens)
-    assert got == (8, 100, 200, 32, 3, 128)
+           cfg.no_reuse_requests, cfg.no_reuse_prompt_tokens, cfg.no_reuse_max_tokens)
+    assert got == (8, 100, 200, 32, 3, 128, 256)
+    assert cli.workload_config(parse()).no_reuse_max_tokens is None
 
 
 def test_workload_names():
