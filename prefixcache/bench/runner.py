@@ -49,6 +49,7 @@ class BenchOptions:
     offline_concurrency: int = 1  # offline mode: per-request latency without queueing
     threads: int = field(default_factory=lambda: default_threads())
     dtype: str = "float32"
+    quantization: str = "auto"  # our server's --quantization (a GGUF model's weights)
     block_size: int = 16
     kv_cache_gib: float = 2.0
     api: str = "completions"
@@ -130,6 +131,19 @@ def resolve_model(model: str) -> tuple[str, Path | None]:
         raise FileNotFoundError(f"--model {model}: not a Hugging Face model directory "
                                 "(no config.json) nor a GGUF file")
     return str(d), d
+
+
+def source_gguf(model: str) -> Path | None:
+    """The GGUF file ``model`` comes from (a registered name, a ``.gguf`` path, or a
+    directory holding one), else ``None`` (``bench``, ``builtin:...``, a Hugging Face
+    directory)."""
+    if model == BENCH_MODEL or model.startswith("builtin:"):
+        return None
+    from prefixcache.model.gguf_cache import find_gguf
+    from prefixcache.model.registry import resolve
+
+    found = find_gguf(resolve(model))
+    return found.expanduser().resolve() if found is not None else None
 
 
 def describe_model(name: str, model_dir: Path | None) -> str:
@@ -242,7 +256,8 @@ def prepare(opts: BenchOptions, log: Callable[[str], None]) -> Prepared:
     ctx = PeerContext(model=model, model_dir=model_dir, dtype=opts.dtype, threads=opts.threads,
                       block_size=opts.block_size, max_model_len=max_model_len,
                       kv_cache_gib=opts.kv_cache_gib, api=opts.api, work_dir=work_dir,
-                      tenants=tuple(tenants), eos_token_id=eos)
+                      tenants=tuple(tenants), eos_token_id=eos,
+                      gguf_file=source_gguf(opts.model), quantization=opts.quantization)
     return Prepared(ctx, built, rendered, fits, not_run, machine_description())
 
 
@@ -361,6 +376,8 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> BenchRe
                "model_desc": describe_model(opts.model, ctx.model_dir),
                "model_dir": str(ctx.model_dir) if ctx.model_dir else None,
                "model_sha256": weights_digest(ctx.model_dir), "dtype": opts.dtype,
+               "gguf_file": str(ctx.gguf_file) if ctx.gguf_file else None,
+               "quantization": opts.quantization,
                "threads": opts.threads, "concurrency": opts.concurrency,
                "offline_concurrency": opts.offline_concurrency, "block_size": opts.block_size,
                "max_model_len": ctx.max_model_len, "machine": prep.machine, "api": opts.api,

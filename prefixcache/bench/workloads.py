@@ -33,9 +33,10 @@ from typing import Any
 from prefixcache.bench import datasets
 
 WORKLOADS = ("shared-prefix", "few-shot", "multi-turn", "agent", "cold-burst",
-             "multi-tenant", "replay")
-# `--workload all` runs these (replay needs --requests FILE).
-DEFAULT_WORKLOADS = WORKLOADS[:-1]
+             "multi-tenant", "no-reuse", "replay")
+# `--workload all` runs these (no-reuse is a baseline run on request; replay needs
+# --requests FILE).
+DEFAULT_WORKLOADS = WORKLOADS[:-2]
 
 
 @dataclass
@@ -104,6 +105,10 @@ class WorkloadConfig:
     tenants: int = 4
     tenant_prefixes: int = 2
     tenant_questions: int = 4
+    # no-reuse: distinct prompts of about this many tokens (nothing to reuse)
+    no_reuse_requests: int = 8
+    no_reuse_prompt_tokens: int = 512
+    no_reuse_max_tokens: int | None = None  # output tokens; None: max_tokens
     # replay
     requests_file: str | None = None
 
@@ -135,6 +140,7 @@ def build_workload(name: str, cfg: WorkloadConfig | None = None, *, measure: Mea
         "agent": lambda: agent(cfg, measure, data_root),
         "cold-burst": lambda: cold_burst(cfg, data_root),
         "multi-tenant": lambda: multi_tenant(cfg, data_root),
+        "no-reuse": lambda: no_reuse(cfg, measure, data_root),
         "replay": lambda: replay(cfg),
     }
     if name not in builders:
@@ -357,6 +363,49 @@ def multi_tenant(cfg: WorkloadConfig, root: Path | None = None) -> list[BenchReq
     questions = user_questions(root, cfg.question_max_chars)
     return multi_tenant_requests(systems, questions, cfg.tenant_questions, cfg.tenants,
                                  seed=cfg.seed, max_tokens=cfg.max_tokens)
+
+
+# --------------------------------------------------------------------------- no-reuse
+def no_reuse_requests(words: list[str], n: int, prompt_tokens: int, *, seed: int,
+                      max_tokens: int, measure: Measure = approx_tokens) -> list[BenchRequest]:
+    """``n`` raw-completion prompts of at most ``prompt_tokens`` tokens (by ``measure``;
+    whole words, so a few tokens short at most), each ``"<i>: "`` then ``words``
+    in its own shuffled order: no two share more than their first token or so, so a
+    prefix cache has nothing to reuse (the baseline of batching alone).
+
+    Raises:
+        ValueError: ``words`` is empty, or ``prompt_tokens`` < 1.
+    """
+    if not words or prompt_tokens < 1:
+        raise ValueError(f"no-reuse: needs words and prompt_tokens >= 1 (got {len(words)} "
+                         f"words, prompt_tokens={prompt_tokens})")
+    rng = random.Random(seed)
+    reqs = []
+    for i in range(n):
+        pool = list(words)
+        while len(pool) < prompt_tokens:  # a word is at least one token
+            pool += words
+        rng.shuffle(pool)
+        rid, n_words = f"no-reuse/{i}", prompt_tokens
+        text = f"{i}: " + " ".join(pool[:n_words])
+        for k in range(64):  # drop words in proportion to the excess until it fits
+            have = measure(BenchRequest(id=f"{rid}~{k}", session=rid, prompt=text,
+                                        max_tokens=max_tokens))
+            if have <= prompt_tokens or n_words <= 1:
+                break
+            n_words -= max(1, n_words * (have - prompt_tokens) // have)
+            text = f"{i}: " + " ".join(pool[:n_words])
+        reqs.append(BenchRequest(id=rid, session=rid, group=rid, prompt=text,
+                                 max_tokens=max_tokens, warm_expected=False))
+    return reqs
+
+
+def no_reuse(cfg: WorkloadConfig, measure: Measure = approx_tokens,
+             root: Path | None = None) -> list[BenchRequest]:
+    words = " ".join(user_questions(root, cfg.question_max_chars)).split()
+    return no_reuse_requests(words, cfg.no_reuse_requests, cfg.no_reuse_prompt_tokens,
+                             seed=cfg.seed, measure=measure,
+                             max_tokens=cfg.no_reuse_max_tokens or cfg.max_tokens)
 
 
 # --------------------------------------------------------------------------- replay

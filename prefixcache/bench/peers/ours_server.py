@@ -39,14 +39,19 @@ class OursServer(ServerPeer):
         keys_file = ctx.work_dir / "logs" / "api-keys.json"
         keys_file.parent.mkdir(parents=True, exist_ok=True)
         keys_file.write_text(json.dumps(keys, indent=1))
-        argv = [sys.executable, "-m", "prefixcache.cli", "serve", "--model", ctx.model,
+        # a model from a GGUF file: the file itself, so that --quantization applies to it
+        model = str(ctx.gguf_file) if ctx.gguf_file is not None else ctx.model
+        argv = [sys.executable, "-m", "prefixcache.cli", "serve", "--model", model,
                 "--host", "127.0.0.1", "--port", str(port), "--api-keys", str(keys_file),
                 "--served-model-name", SERVED_NAME, "--dtype", ctx.dtype,
                 "--block-size", str(ctx.block_size), "--max-model-len", str(ctx.max_model_len),
-                "--kv-cache-gib", str(ctx.kv_cache_gib), "--num-threads", str(ctx.threads),
+                "--kv-cache-gib", str(ctx.kv_cache_gib), "--quantization", ctx.quantization,
                 "--log-level", "warning", "--no-access-log"]
         if not self.prefix_caching:
             argv.append("--no-prefix-caching")
+        if ctx.threads == 0:  # torch's own default
+            return argv, {}
+        argv += ["--num-threads", str(ctx.threads)]
         return argv, {"OMP_NUM_THREADS": str(ctx.threads)}
 
     def headers(self, req: BenchRequest) -> dict:

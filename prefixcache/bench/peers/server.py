@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from prefixcache.bench.client import ServingTarget, get_text, parse_prometheus, run_workload
-from prefixcache.bench.metrics import PeakRSS
+from prefixcache.bench.metrics import PeakRSS, process_tree, rss_bytes
 from prefixcache.bench.peers.base import (
     Peer,
     PeerContext,
@@ -121,6 +121,7 @@ class ServerPeer(Peer):
         self.ctx: PeerContext | None = None
         self.port: int | None = None
         self.startup_s: float | None = None
+        self.rss_after_start: int | None = None  # bytes, the server's process tree
 
     # -- subclass hooks ----------------------------------------------------------------
     def command(self, ctx: PeerContext, port: int) -> tuple[list[str], dict[str, str]]:
@@ -150,6 +151,8 @@ class ServerPeer(Peer):
         self.server.start()
         self.startup_s = self.server.wait_ready(self.base_url + self.ready_path,
                                                 self.start_timeout_s)
+        if self.server.pid is not None:
+            self.rss_after_start = rss_bytes(process_tree(self.server.pid))
 
     def stop(self) -> None:
         if self.server:
@@ -189,7 +192,8 @@ class ServerPeer(Peer):
                        cache_stats=stats)
 
     def detail(self) -> dict:
-        d: dict[str, Any] = {"startup_s": self.startup_s}
+        d: dict[str, Any] = {"startup_s": self.startup_s,
+                             "rss_after_start_bytes": self.rss_after_start}
         if self.server:
             d["command"] = " ".join(self.server.argv)
         return d

@@ -36,10 +36,13 @@ class VLLMPeer(ServerPeer):
                 "--dtype", ctx.dtype, "--max-model-len", str(ctx.max_model_len),
                 "--enable-prefix-caching", "--enable-prompt-tokens-details",
                 "--uvicorn-log-level", "warning"]
-        self.bind = f"0-{ctx.threads - 1}" if ctx.threads > 1 else "0"
         env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(round(ctx.kv_cache_gib)))),
-               "VLLM_CPU_OMP_THREADS_BIND": self.bind, "OMP_NUM_THREADS": str(ctx.threads),
                "TOKENIZERS_PARALLELISM": "false"}
+        if ctx.threads == 0:  # its own default (`auto`: one core kept for the front end)
+            self.bind = "auto"
+            return argv, env
+        self.bind = f"0-{ctx.threads - 1}" if ctx.threads > 1 else "0"
+        env.update(VLLM_CPU_OMP_THREADS_BIND=self.bind, OMP_NUM_THREADS=str(ctx.threads))
         return argv, env
 
     def extra_body(self, req: BenchRequest, salt: str) -> dict:
