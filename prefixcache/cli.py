@@ -18,6 +18,8 @@ import importlib.metadata
 import sys
 from typing import Any, NoReturn
 
+import prefixcache.progress  # noqa: F401  (first import: the start-up clock starts)
+
 # subcommand -> module exposing add_parser(subparsers) and run(args) -> int
 SUBCOMMANDS = {
     "generate": "prefixcache.engine.cli",

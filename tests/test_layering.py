@@ -16,7 +16,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "prefixcache"
 
-SHARED = {"config", "outputs", "sampling_params", "paths", "errors"}
+SHARED = {"config", "outputs", "sampling_params", "paths", "errors", "progress"}
 FRONT = {"cli", "server", "router", "gateway", "bench", "analyze", "__main__"}
 # package -> packages it may import besides itself and the shared modules
 ALLOWED: dict[str, set[str]] = {

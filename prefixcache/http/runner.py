@@ -23,6 +23,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from prefixcache.http.drain import Drain
+from prefixcache.progress import since_start
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,21 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain: Drain):
         super().__init__(config)
         self.drain = drain
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            where = ", ".join(f"http://{h}:{p}" if ":" not in h else f"http://[{h}]:{p}"
+                              for h, p in self._bound())
+            log.info("start-up: listening on %s, %.2f s after start", where, since_start())
+
+    def _bound(self) -> list[tuple[str, int]]:
+        out = []
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                out.append((host, port))
+        return out
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:

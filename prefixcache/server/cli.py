@@ -89,8 +89,10 @@ def build_app(args: argparse.Namespace):
     port) on bad arguments."""
     from prefixcache.engine.engine import LLMEngine
     from prefixcache.http.auth import Authenticator
+    from prefixcache.progress import imports_done
     from prefixcache.server.app import ServerSettings, create_app
 
+    imports_done()
     auth = Authenticator.from_file(args.api_keys, allow_reset=args.allow_reset)
     if args.max_body_bytes < 1024:
         raise ValueError("--max-body-bytes must be at least 1024")
