@@ -97,3 +97,18 @@ def _healthy(base: str) -> bool:
         return httpx.get(base + "/health", timeout=DEADLINE_S).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_the_gateway_requires_model(gateway):
+    """Several upstreams and providers sit behind a gateway: ``model`` picks one, so it
+    is required (400 naming it), and one no upstream serves is 404."""
+    s, upstream = gateway
+    body = {k: v for k, v in BODY.items() if k != "model"}
+    r = httpx.post(s.base + "/v1/chat/completions", json=body, timeout=DEADLINE_S)
+    assert r.status_code == 400
+    assert r.json()["error"] == {"message": "model is required", "type":
+                                 "invalid_request_error", "param": "model", "code": None}
+    r = httpx.post(s.base + "/v1/chat/completions", json={**BODY, "model": "other"},
+                   timeout=DEADLINE_S)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert upstream.seen == 0

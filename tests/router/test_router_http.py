@@ -3,6 +3,7 @@ header-read timeout, draining on SIGTERM, /health, /metrics), against a router s
 a thread with a gated replica behind it."""
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from prefixcache.model.loader import load_tokenizer
@@ -11,7 +12,7 @@ from prefixcache.router.prompt_keys import PromptKeys
 from prefixcache.router.replicas import ReplicaSet
 from prefixcache.router.specs import ReplicaSpec
 from tests.helpers import http_checks as hc
-from tests.helpers.wait import wait_until
+from tests.helpers.wait import DEADLINE_S, wait_until
 
 LIMIT = 4096
 BODY = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 1}
@@ -49,4 +50,21 @@ def test_router_limits_match_the_servers(router):
 def test_router_drains_an_in_flight_request_on_sigterm(router):
     s, upstream = router
     hc.check_sigterm_drains(s, upstream, "/v1/completions", BODY)
+    assert upstream.seen == 1
+
+
+def test_the_router_takes_an_absent_model_as_the_replicas_one(router):
+    """The replicas serve one model: ``model`` may be left out (the replica answers with
+    its name); a name they do not serve is 404 naming ``model``, before any replica."""
+    s, upstream = router
+    r = httpx.post(s.base + "/v1/completions", json={**BODY, "model": "gpt-4o"},
+                   timeout=DEADLINE_S)
+    assert r.status_code == 404
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("model",
+                                                                       "model_not_found")
+    assert upstream.seen == 0
+    upstream.gate.set()
+    body = {k: v for k, v in BODY.items() if k != "model"}
+    r = httpx.post(s.base + "/v1/completions", json=body, timeout=DEADLINE_S)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "done"
     assert upstream.seen == 1
