@@ -7,10 +7,11 @@ method 405, an unhandled exception a 500 ``server_error`` (logged with its trace
 client that disconnects while sending its body is answered nothing and not counted.
 ``on_error(status)`` is told of every error answered (the apps count them in ``/metrics``).
 
-With ``refuse_when_draining``, once the app's :class:`~prefixcache.http.drain.Drain` has
-begun, a new request other than ``GET`` gets 503 ``server_shutting_down`` (requests
-already running finish). Apps that manage admission themselves (the server refuses in its
-serving layer) leave it off.
+Every app counts its HTTP requests in flight (``drain.in_flight``, logged when SIGTERM
+starts the drain). With ``refuse_when_draining``, once the app's
+:class:`~prefixcache.http.drain.Drain` has begun, a new request other than ``GET`` gets
+503 ``server_shutting_down`` (requests already running finish). Apps that manage
+admission themselves (the server refuses in its serving layer) leave it off.
 
 Errors on ``/v1/messages`` paths are Anthropic-style, the others OpenAI-style.
 """
@@ -34,6 +35,7 @@ from prefixcache.http.errors import error_object as http_error_object
 from prefixcache.http.logsafe import clean
 
 log = logging.getLogger(__name__)
+
 
 def create_app(title: str, *, lifespan: Any, drain: Drain,
                on_error: Callable[[int], None] | None = None,
