@@ -3,8 +3,11 @@
 Each subcommand lives in its own package and is imported only when used, so
 ``prefixcache analyze`` never loads torch models. Engine flags are the same in every
 command that builds an engine (``prefixcache/engine/args.py``). Every parser is a
-:class:`CLIParser`: no abbreviated flags, each flag's help shows its default, and an
-unknown flag is answered with the subcommand's usage and the closest known flag.
+:class:`CLIParser`: no abbreviated flags, each flag's help shows its default, and a
+usage error is two lines on stderr, the error with its hint first, then a one-line usage
+(``--help`` gives the full one); the exit status is 2. The hint for an unknown flag is the
+closest flag of that subcommand (difflib), or, when the flag belongs to other subcommands
+only, which ones.
 """
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ import difflib
 import importlib
 import importlib.metadata
 import sys
-from typing import Any
+from typing import Any, NoReturn
+
+import prefixcache.progress  # noqa: F401  (first import: the start-up clock starts)
 
 # subcommand -> module exposing add_parser(subparsers) and run(args) -> int
 SUBCOMMANDS = {
@@ -72,6 +77,25 @@ class CLIParser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str) -> NoReturn:
+        """Prints ``PROG: error: MESSAGE`` then the one-line usage, exits 2."""
+        sys.stderr.write(f"{self.prog}: error: {message}\n{self.short_usage()}\n")
+        sys.exit(2)
+
+    def short_usage(self) -> str:
+        """``usage: PROG REQUIRED... [flags] POSITIONALS (PROG --help lists the flags)``."""
+        fmt = self._get_formatter()
+        words = [self.prog]
+        for a in self._actions:
+            if a.option_strings and a.required:
+                metavar = fmt._format_args(a, fmt._get_default_metavar_for_optional(a))
+                words.append(f"{a.option_strings[0]} {metavar}".strip())
+        words.append("[flags]")
+        for a in self._actions:
+            if not a.option_strings:
+                words.append(fmt._format_args(a, fmt._get_default_metavar_for_positional(a)))
+        return f"usage: {' '.join(words)} (`{self.prog} --help` lists the flags)"
+
     def parse_known_args(self, args=None, namespace=None):
         # Extra arguments are this parser's error (its usage, not the top level's).
         ns, extras = super().parse_known_args(args, namespace)
@@ -84,17 +108,38 @@ class CLIParser(argparse.ArgumentParser):
         return ns, extras
 
     def unknown_message(self, extras: list[str]) -> str:
-        """``unrecognized arguments: ...``, with ``did you mean --x?`` for the first
-        unknown flag that is close to a known one (difflib)."""
+        """``unrecognized arguments: ...`` with a hint for the first unknown flag: the
+        flag of another subcommand only (``--max-tokens is a flag of generate, not of
+        serve``), else ``did you mean --x?`` for the closest flag of this parser
+        (difflib)."""
         msg = "unrecognized arguments: " + " ".join(extras)
         known = [s for a in self._actions for s in a.option_strings]
         for word in extras:
             if not word.startswith("-"):
                 continue
-            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1)
+            flag = word.split("=", 1)[0]
+            command = self.prog.split()[-1]
+            owners = [c for c in _flag_owners(flag) if c != command]
+            if owners and command in SUBCOMMANDS:
+                return f"{msg}; {flag} is a flag of {', '.join(owners)}, not of {command}"
+            close = difflib.get_close_matches(flag, known, n=1)
             if close:
                 return f"{msg}; did you mean {close[0]}?"
         return msg
+
+
+def _flag_owners(flag: str) -> list[str]:
+    """The subcommands that have ``flag`` (each is loaded: called on a usage error only)."""
+    owners = []
+    for name, module in SUBCOMMANDS.items():
+        sub = CLIParser(prog="prefixcache").add_subparsers(parser_class=CLIParser)
+        try:
+            parser = importlib.import_module(module).add_parser(sub)
+        except ImportError:  # an optional part that is not installed
+            continue
+        if flag in parser._option_string_actions:
+            owners.append(name)
+    return owners
 
 
 def build_parser(argv: list[str]) -> CLIParser:

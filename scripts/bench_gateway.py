@@ -45,7 +45,7 @@ from prefixcache.gateway.policy import TenantPolicy  # noqa: E402
 from prefixcache.gateway.service import Gateway  # noqa: E402
 from prefixcache.gateway.store import MemoryStore  # noqa: E402
 from prefixcache.gateway.upstreams import Upstream, UpstreamSpec  # noqa: E402
-from prefixcache.server.auth import Authenticator  # noqa: E402
+from prefixcache.http.auth import Authenticator  # noqa: E402
 from tests.gateway.conftest import ThreadServer  # noqa: E402
 from tests.server.live import LiveServer  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""The command line's conventions: no abbreviated flags, the subcommand's usage
-and the closest flag for a typo, defaults in every flag's help, the top-level help,
+"""The command line's conventions: no abbreviated flags, the hint then a one-line usage,
+the closest flag of that subcommand for a typo, defaults in every flag's help, the top-level help,
 ``--version``, ``python -m prefixcache`` and a quiet Ctrl-C."""
 from __future__ import annotations
 
@@ -29,17 +29,45 @@ def _error(argv: list[str], capsys) -> str:
     return capsys.readouterr().err
 
 
-def test_a_typo_shows_the_subcommands_usage_and_the_closest_flag(capsys):
+def test_a_typo_gives_the_hint_first_then_a_one_line_usage(capsys):
     err = _error(["serve", "--prot", "8000"], capsys)
-    assert err.startswith("usage: prefixcache serve ")
-    assert err.strip().splitlines()[-1] == (
-        "prefixcache serve: error: unrecognized arguments: --prot 8000; did you mean --port?")
+    assert err.splitlines() == [
+        "prefixcache serve: error: unrecognized arguments: --prot 8000; did you mean --port?",
+        "usage: prefixcache serve [flags] (`prefixcache serve --help` lists the flags)"]
     err = _error(["generate", "--max-token=3", "x"], capsys)
-    assert err.startswith("usage: prefixcache generate ")
-    assert "did you mean --max-tokens?" in err
-    # nothing close: no hint, still the subcommand's usage
+    assert err.splitlines() == [
+        "prefixcache generate: error: unrecognized arguments: --max-token=3; did you mean "
+        "--max-tokens?",
+        "usage: prefixcache generate [flags] prompts [prompts ...] "
+        "(`prefixcache generate --help` lists the flags)"]
+    # nothing close: no hint, still the subcommand's one-line usage
     err = _error(["analyze", "log.jsonl", "--zzzzzz"], capsys)
-    assert err.startswith("usage: prefixcache analyze ") and "did you mean" not in err
+    assert err.splitlines() == [
+        "prefixcache analyze: error: unrecognized arguments: --zzzzzz",
+        "usage: prefixcache analyze [flags] LOG [LOG ...] "
+        "(`prefixcache analyze --help` lists the flags)"]
+
+
+def test_a_flag_of_other_subcommands_says_whose_it_is(capsys):
+    # not serve's closest flag (--max-num-batched-tokens): --max-tokens is generate's
+    err = _error(["serve", "--max-tokens", "3"], capsys)
+    assert err.splitlines()[0] == (
+        "prefixcache serve: error: unrecognized arguments: --max-tokens 3; --max-tokens is "
+        "a flag of generate, demo, bench, not of serve")
+    err = _error(["router", "--replica", "http://127.0.0.1:1", "--tenant-policy", "p"],
+                 capsys)
+    assert err.splitlines()[0].endswith("--tenant-policy is a flag of gateway, not of router")
+    assert err.splitlines()[1] == (
+        "usage: prefixcache router --replica URL[,events=EP[,replay=EP]] [flags] "
+        "(`prefixcache router --help` lists the flags)")
+
+
+def test_a_missing_required_flag_is_two_lines(capsys):
+    err = _error(["gateway"], capsys)
+    assert err.splitlines() == [
+        "prefixcache gateway: error: the following arguments are required: --upstream",
+        "usage: prefixcache gateway --upstream SPEC [flags] "
+        "(`prefixcache gateway --help` lists the flags)"]
 
 
 @pytest.mark.parametrize("argv,unknown", [

@@ -2,9 +2,11 @@
 
 Imports go one way: the front ends (``cli.py``, ``server/``, ``router/``, ``gateway/``,
 ``bench/``, ``analyze/``) -> ``engine/`` -> ``model/``, ``text/``, ``cache/`` -> the small
-shared modules (``config``, ``outputs``, ``sampling_params``, ``paths``). Nothing imports
-upward, no two modules import each other (directly or through a longer cycle), and no module
-imports the root package (its ``__init__`` re-exports the offline API for users only).
+shared modules (``config``, ``outputs``, ``sampling_params``, ``paths``); ``http/`` (what
+the HTTP front ends share) sits below the front ends and imports only the shared modules.
+Nothing imports upward, no two modules import each other (directly or through a longer
+cycle), and no module imports the root package (its ``__init__`` re-exports the offline
+API for users only).
 Lazy imports inside functions count like top-level ones.
 """
 from __future__ import annotations
@@ -14,10 +16,11 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "prefixcache"
 
-SHARED = {"config", "outputs", "sampling_params", "paths", "errors"}
+SHARED = {"config", "outputs", "sampling_params", "paths", "errors", "progress"}
 FRONT = {"cli", "server", "router", "gateway", "bench", "analyze", "__main__"}
 # package -> packages it may import besides itself and the shared modules
 ALLOWED: dict[str, set[str]] = {
+    "http": set(),  # below the HTTP front ends, above nothing: no engine, model or cache
     "cache": set(),
     "text": set(),
     "model": {"text"},
@@ -25,12 +28,13 @@ ALLOWED: dict[str, set[str]] = {
 }
 SHARED_MAY_IMPORT: set[str] = set()  # the shared modules import no package
 # front end -> the other front ends it may import (``cli`` and ``__main__`` load them all).
-# The gateway reuses analyze's breakers and price sheets and the server's key file, error
-# bodies and Anthropic wire format; nothing imports the gateway.
+# The gateway reuses analyze's breakers and price sheets and the server's Anthropic wire
+# format; nothing imports the gateway. Key files, error objects, body limits and the
+# runner are ``http/``'s, which every front end may import.
 FRONT_MAY_IMPORT: dict[str, set[str]] = {
     "bench": {"server"},
     "gateway": {"analyze", "server"},
-    "router": {"server"},  # the key file and the request preparer: it hashes like the engines
+    "router": {"server"},  # the request preparer: it hashes like the engines
 }
 
 
@@ -271,3 +275,16 @@ def test_page_keys_and_the_router_package_import_no_torch_when_run():
         "a0fa6df2f7eee8de8ad42da7708a9029 26a2a4e1c835d6f8e0a4f105b19bb68d",
         "b1b345f7fbbe2e7e6bf7602c8014a654 fd686f24cb1f6d5c816ac41a64be371e",
         "[]"]
+
+
+def test_the_http_foundation_knows_no_engine_and_no_front_end():
+    bad = sorted(f"{mod} -> {dep}" for mod, deps in _graph().items() if _top(mod) == "http"
+                 for dep in deps if _top(dep) not in {"http"} | SHARED)
+    assert bad == []
+    heavy = {"torch", "transformers"}
+    for path in (PKG / "http").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                assert not {a.name.split(".")[0] for a in node.names} & heavy, path.name
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                assert (node.module or "").split(".")[0] not in heavy, path.name

@@ -10,8 +10,8 @@ import torch
 
 from prefixcache.cli import main
 from prefixcache.config import EngineConfig
+from prefixcache.http.flags import check_port
 from prefixcache.model import gguf_cache
-from prefixcache.server.cli import check_port
 
 
 @pytest.mark.parametrize("argv,flag", [

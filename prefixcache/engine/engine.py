@@ -38,6 +38,7 @@ from prefixcache.engine.scheduler import ScheduledSeq, Scheduler
 from prefixcache.model.grammar import GrammarEngine
 from prefixcache.model.loader import LoadedModel, load_model
 from prefixcache.outputs import RequestOutput
+from prefixcache.progress import phase
 from prefixcache.sampling_params import ParamError, SamplingParams, check_namespace
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,11 @@ class LLMEngine:
         bs = config.block_size
         # one key everywhere: weights, KV dtype, block size and KV layout in every root
         self.fingerprint = model_fingerprint(self.loaded.cache_id, config.kv_dtype, bs)
-        self.runner = ModelRunner(self.model, mc, config)
-        num_pages = self.runner.num_pages
+        with phase("KV pool") as note:
+            self.runner = ModelRunner(self.model, mc, config)
+            num_pages = self.runner.num_pages
+            kv_bytes = sum(t.nbytes for t in self.runner.kv.k + self.runner.kv.v)
+            note["detail"] = f"{num_pages} pages of {bs} tokens, {kv_bytes / 2**20:.1f} MiB"
         limit = mc.check_max_model_len(config.max_model_len, config.allow_long_context)
         self.max_model_len = min(limit, num_pages * bs)
         # what limits the context, named in error messages

@@ -15,6 +15,8 @@ out, verified on read) in ``cache/tiers/`` and build it here, as the other tiers
 """
 from __future__ import annotations
 
+import logging
+
 from prefixcache.cache.allocation import EvictedPage
 from prefixcache.cache.connector import KVConnector, NullConnector
 from prefixcache.cache.events import CacheEvent
@@ -25,6 +27,8 @@ from prefixcache.config import EngineConfig
 from prefixcache.engine.kv_store import SharedKVStore
 from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.model.kv_pool import KVPool
+
+log = logging.getLogger(__name__)
 
 
 def build_connector(config: EngineConfig, kv: KVPool, fingerprint: str) -> KVConnector:
@@ -44,6 +48,7 @@ def build_connector(config: EngineConfig, kv: KVPool, fingerprint: str) -> KVCon
     """
     if not config.enable_prefix_caching or not (
             config.host_cache_bytes or config.disk_cache_dir or config.kv_store_url):
+        log.info("KV tiers: off (no host RAM, disk or shared store tier configured)")
         return NullConnector()
     tiers = KVTiers(config, kv, fingerprint)
     shared = None

@@ -27,6 +27,7 @@ rest                 computed by the model step (the last token always is)
 """
 from __future__ import annotations
 
+import logging
 import struct
 import time
 
@@ -44,6 +45,8 @@ from prefixcache.cache.tiers.store_queue import StoreQueue
 from prefixcache.config import GIB, EngineConfig
 from prefixcache.engine.tier_estimates import LoadEstimator
 from prefixcache.model.kv_pool import KVPool
+
+log = logging.getLogger(__name__)
 
 GROUP_PAGES = 32  # most pages per stored group (one disk file)
 
@@ -110,6 +113,8 @@ class KVTiers:
         self.token_mismatches = 0
         self.export_bytes = 0
         self.closed = False
+        for tier in self.local:
+            log.info("KV tier %s: on, %s", tier.name, _describe(tier))
 
     def bind(self, cache: KVCacheManager) -> None:
         """The pool's manager (hashes, hit limits, allocation, pins)."""
@@ -136,6 +141,7 @@ class KVTiers:
     def add_remote(self, tier: Tier) -> None:
         """Append a shared tier (L4) to the lookup chain. It is not in the write-back
         queue: ``engine/kv_store.py`` stores into it at publication."""
+        log.info("KV tier %s: on (shared store)", tier.name)
         self.tiers.append(tier)
         self.remote.append(tier)
         self.hit_tokens[tier.name] = 0
@@ -324,14 +330,30 @@ class KVTiers:
         return d
 
     def close(self) -> None:
-        """Write the pool's cached pages down, finish queued stores, stop the worker."""
+        """Write the pool's cached pages down, finish queued stores, stop the worker; logs
+        per tier the pages written at shutdown and the pages it holds."""
         if self.closed:
             return
         self.closed = True
+        before = {t.name: t.stats() for t in self.tiers}
         self.write_back_cached()
         self.queue.close()
         for t in self.tiers:
+            now, was = t.stats(), before[t.name]
+            log.info("KV tier %s: %d pages written at shutdown (%d store failures), %d pages "
+                     "held", t.name, (now.store_bytes - was.store_bytes) // page_nbytes(self.kv),
+                     now.failures - was.failures, now.pages)
             t.close()
+
+
+def _describe(tier: Tier) -> str:
+    """A tier's budget and, for disk, what it indexed at start."""
+    budget = getattr(tier, "capacity_bytes", None)
+    text = f"budget {budget / 2**30:.2f} GiB" if budget else "no budget"
+    if isinstance(tier, DiskTier):
+        text += (f", {tier.directory}: {tier.stats().pages} pages indexed from "
+                 f"{tier.rebuilt_files} files")
+    return text
 
 
 def _tokens(token_bytes: bytes) -> tuple[int, ...]:

@@ -4,20 +4,20 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (OpenAI),
 ``POST /v1/messages`` (Anthropic), streaming or not; ``GET /v1/models``, ``GET /health``,
 ``GET /metrics`` (Prometheus), ``GET /v1/gateway/stats`` (per-tenant JSON).
 
-Authentication uses the server's key file format (:mod:`prefixcache.server.auth`); the
+Authentication uses the server's key file format (:mod:`prefixcache.http.auth`); the
 tenant comes from the key, never from the body, and no answer or header carries a key.
 Each answer says which layer served it: header ``x-prefixcache-cache`` (``exact``,
 ``semantic``, ``miss``, ``bypass``) and ``usage.cache_layer``.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 from fastapi import FastAPI
-from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -26,27 +26,34 @@ from prefixcache.gateway.render import error_json, render_json, render_stream
 from prefixcache.gateway.requests import BadRequest
 from prefixcache.gateway.service import Gateway, Outcome, replay
 from prefixcache.gateway.validate import parse
-from prefixcache.server.auth import Authenticator, Principal
-from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, read_body
-from prefixcache.server.errors import APIError
+from prefixcache.http.app import create_app as create_http_app
+from prefixcache.http.app import metrics_response, shutting_down
+from prefixcache.http.auth import Authenticator, Principal
+from prefixcache.http.bodies import DEFAULT_MAX_BODY_BYTES, read_body
+from prefixcache.http.drain import DEFAULT_GRACE_S, Drain
+from prefixcache.http.errors import APIError
 
 LAYER_HEADER = "x-prefixcache-cache"
 log = logging.getLogger(__name__)
 
 
 def create_app(gateway: Gateway, auth: Authenticator | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The app around ``gateway``; its upstream HTTP clients close with the app."""
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               shutdown_grace_s: float = DEFAULT_GRACE_S) -> FastAPI:
+    """The app around ``gateway`` (on :mod:`prefixcache.http`'s foundation); its upstream
+    HTTP clients close with the app. ``shutdown_grace_s``: how long running requests may
+    continue after SIGTERM, seconds."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        app.state.drain.bind(asyncio.get_running_loop())
         yield
         for u in gateway.upstreams:
             await u.client.aclose()
         await gateway.store.close()
 
-    app = FastAPI(title="prefixcache gateway", lifespan=lifespan, docs_url=None,
-                  redoc_url=None)
+    app = create_http_app("prefixcache gateway", lifespan=lifespan,
+                          drain=Drain(shutdown_grace_s))
     app.state.gateway = gateway
     app.state.auth = auth or Authenticator()
     app.state.max_body_bytes = max_body_bytes
@@ -144,11 +151,13 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+    if request.app.state.drain.draining:
+        return shutting_down(request)
     return JSONResponse({"status": "ok"})
 
 
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.gateway.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return metrics_response(request.app.state.gateway.metrics.render())
 
 
 async def stats(request: Request) -> Response:

@@ -16,7 +16,8 @@ import logging
 from pathlib import Path
 
 from prefixcache.gateway.upstreams import parse_upstream
-from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES
+from prefixcache.http.bodies import DEFAULT_MAX_BODY_BYTES
+from prefixcache.http.flags import add_runner_flags, check_runner_flags
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -47,6 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=_port, default=8100,
                    help="TCP port to listen on (1-65535)")
+    add_runner_flags(p)
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="log threshold")
@@ -108,8 +110,8 @@ def build_app(args: argparse.Namespace):
     from prefixcache.gateway.service import Gateway
     from prefixcache.gateway.store import open_store
     from prefixcache.gateway.upstreams import Upstream
-    from prefixcache.server.auth import Authenticator
-    from prefixcache.server.cli import check_port
+    from prefixcache.http.auth import Authenticator
+    from prefixcache.http.flags import check_port
 
     specs = [parse_upstream(s) for s in args.upstream]
     if len({s.name for s in specs}) != len(specs):
@@ -123,12 +125,14 @@ def build_app(args: argparse.Namespace):
         raise ValueError("--cache-entries must be >= 1")
     if args.max_body_bytes < 1024:
         raise ValueError("--max-body-bytes must be at least 1024")
+    check_runner_flags(args)
     check_port(args.host, args.port)
     client = make_client()
     gateway = Gateway([Upstream(s, client) for s in specs],
                       open_store(args.cache_store, args.cache_entries),
                       policies=policies, semantic=semantic)
-    return create_app(gateway, auth, max_body_bytes=args.max_body_bytes)
+    return create_app(gateway, auth, max_body_bytes=args.max_body_bytes,
+                      shutdown_grace_s=args.shutdown_grace_s)
 
 
 def _semantic_cache(args: argparse.Namespace):
@@ -146,10 +150,14 @@ def _semantic_cache(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    from prefixcache.http.logsafe import SafeFormatter
+    from prefixcache.http.runner import serve
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     app = build_app(args)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, host=args.host, port=args.port, drain=app.state.drain,
+          header_timeout_s=args.header_timeout_s, log_level=args.log_level,
+          access_log=not args.no_access_log)
     return 0

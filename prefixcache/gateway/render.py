@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 
 from prefixcache.gateway.accounting import NormalUsage
 from prefixcache.gateway.completion import Completion, UpstreamError
+from prefixcache.http.errors import error_object
 from prefixcache.server import anthropic_sse as sse
 from prefixcache.server import anthropic_wire as wire
 
@@ -65,14 +66,9 @@ def render_json(client: str, comp: Completion, u: NormalUsage, layer: str, model
 
 def error_json(client: str, status: int, message: str, code: str | None,
                param: str | None = None) -> dict:
-    if client == "messages":
-        kind = {400: "invalid_request_error", 401: "authentication_error",
-                404: "not_found_error", 429: "rate_limit_error"}.get(status, "api_error")
-        if param and param not in message:  # Anthropic errors have no param field
-            message = f"{param}: {message}"
-        return wire.error_body(message, kind)
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    """The error object in ``client``'s format (the HTTP foundation's)."""
+    return error_object(status, message, anthropic=client == "messages", param=param,
+                        code=code)
 
 
 def _sse(obj: dict) -> str:

@@ -33,6 +33,7 @@ from prefixcache.model.cpu.kernels import build as kernels
 from prefixcache.model.llama import PagedLlama
 from prefixcache.model.quantized_linear import AffineCodes
 from prefixcache.model.weights import check_hf_keys, load_hf_weights
+from prefixcache.progress import phase
 from prefixcache.text.loading import tokenizer_for_model
 from prefixcache.text.tokenizer import Tokenizer
 
@@ -246,32 +247,43 @@ def load_model(model: str, device: torch.device | str = "cpu",
     """
     dtype = resolve_dtype(dtype)
     layout = weights_layout(model, quantization, revision)
-    backend = (compute_backend if isinstance(compute_backend, ComputeBackend)
-               else make_backend(compute_backend, device, dtype))  # builds the CPU kernels
+    with phase("kernels and compute backend") as note:
+        backend = (compute_backend if isinstance(compute_backend, ComputeBackend)
+                   else make_backend(compute_backend, device, dtype))  # builds CPU kernels
+        note["detail"] = type(backend).__name__
     if torch.device(device).type == "cpu":
         host_memory.keep_freed_memory()
     if model.startswith("builtin:"):
         if model not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {model!r}; "
                              f"available: {', '.join(BUILTIN_MODELS)}")
-        net = builtin.build_tiny_model(device, dtype, backend)
-        if layout in quantize.BITS:
-            quantize.from_float(net, quantize.BITS[layout])
-        net.prepack()
-        return LoadedModel(net, net.config, builtin.tiny_tokenizer(), model,
+        with phase("weights") as note:
+            net = builtin.build_tiny_model(device, dtype, backend)
+            if layout in quantize.BITS:
+                quantize.from_float(net, quantize.BITS[layout])
+            net.prepack()
+            note["detail"] = f"{model}, {layout}"
+        with phase("tokenizer"):
+            tiny_tokenizer = builtin.tiny_tokenizer()
+        return LoadedModel(net, net.config, tiny_tokenizer, model,
                            builtin.CHAT_TEMPLATE, cache_id=_with_layout(model, layout))
     path = _model_path(model, revision, float_weights=layout != "gguf")
     config = ModelConfig.from_dir(path)
-    net = PagedLlama(config, device, dtype, backend, float_linears=layout == "float")
-    if layout == "gguf":
-        gguf_file = gguf_cache.find_gguf(registry.resolve(model, revision))
-        assert gguf_file is not None
-        load_gguf_quantized(net, gguf_file, path)
-    else:
-        load_weights(net, weight_files(path), quantize.BITS.get(layout))
-    net.eval()
-    net.prepack()
-    tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
+    with phase("weights") as note:
+        net = PagedLlama(config, device, dtype, backend, float_linears=layout == "float")
+        if layout == "gguf":
+            gguf_file = gguf_cache.find_gguf(registry.resolve(model, revision))
+            assert gguf_file is not None
+            load_gguf_quantized(net, gguf_file, path)
+            note["detail"] = f"{gguf_file.name}, {layout}"
+        else:
+            files = weight_files(path)
+            load_weights(net, files, quantize.BITS.get(layout))
+            note["detail"] = f"{len(files)} files, {layout}"
+        net.eval()
+        net.prepack()
+    with phase("tokenizer"):
+        tokenizer = tokenizer_for_model(path, config.bos_token_id, config.eos_token_ids)
     cache_id = _cache_id(model, path)
     return LoadedModel(net, config, tokenizer, model.rstrip("/") or model,
                        tokenizer.chat_template if tokenizer else None, path,

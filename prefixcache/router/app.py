@@ -3,7 +3,9 @@
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed, streamed
 through), ``GET /v1/models``, ``GET /health`` (503 when no replica is healthy),
 ``GET /metrics`` (Prometheus, :mod:`.metrics`). ``model`` is one of the replicas' served
-names (or their ``--model``), as they report them (:mod:`.replica_info`).
+names (or their ``--model``), as they report them (:mod:`.replica_info`). The app, its
+error objects, body limit and draining shutdown are the HTTP foundation's
+(:mod:`prefixcache.http`).
 
 A request is authenticated with the same key file as the replicas (401 otherwise), parsed
 and tokenized with the server's own preparer (the same 400s naming the field), hashed
@@ -28,21 +30,21 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from prefixcache.cache.page_keys import PromptKeys
+from prefixcache.http.app import create_app, metrics_response, shutting_down
+from prefixcache.http.auth import Authenticator
+from prefixcache.http.bodies import DEFAULT_MAX_BODY_BYTES
+from prefixcache.http.drain import DEFAULT_GRACE_S, Drain
+from prefixcache.http.errors import SERVER_ERROR, error_body
 from prefixcache.router.metrics import RouterMetrics
 from prefixcache.router.proxy import FORWARDED_HEADERS, Proxy
 from prefixcache.router.replica_info import PATH as INFO_PATH
 from prefixcache.router.replica_info import ReplicaInfo, headers_for, mismatch
 from prefixcache.router.replicas import ReplicaSet, Routed
-from prefixcache.server.auth import Authenticator
-from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
-from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
+from prefixcache.server.bodies import parse_json, read_body
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.requests import RequestPreparer
 
@@ -68,6 +70,7 @@ class RouterSettings:
         replica_info: what every replica must report on ``GET /v1/cache/info`` to take
             requests (``None``: not checked).
         info_key: the API key the router sends there (``None``: none).
+        shutdown_grace_s: how long running requests may continue after SIGTERM, seconds.
     """
 
     model_names: list[str]
@@ -80,6 +83,7 @@ class RouterSettings:
     health_timeout_s: float = 1.0
     replica_info: ReplicaInfo | None = None
     info_key: str | None = None
+    shutdown_grace_s: float = DEFAULT_GRACE_S
 
     def __post_init__(self) -> None:
         self.model_names = list(dict.fromkeys(self.model_names))
@@ -111,12 +115,9 @@ def create_router_app(replicas: ReplicaSet, settings: RouterSettings) -> FastAPI
                                validate=lambda ids, params: None)  # the replica validates
     router = _Router(settings, replicas, metrics, preparer,
                      ThreadPoolExecutor(1, thread_name_prefix="prefixcache-router-parse"))
-    app = FastAPI(title="prefixcache router", lifespan=_lifespan, docs_url=None,
-                  redoc_url=None)
+    app = create_app("prefixcache router", lifespan=_lifespan,
+                     drain=Drain(settings.shutdown_grace_s))
     app.state.router = router
-    app.add_exception_handler(APIError, _api_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _http_error)
     for method, path, route in _ROUTES:
         app.add_api_route(path, route, methods=[method])
     return app
@@ -125,6 +126,7 @@ def create_router_app(replicas: ReplicaSet, settings: RouterSettings) -> FastAPI
 @asynccontextmanager
 async def _lifespan(app: FastAPI):
     router: _Router = app.state.router
+    app.state.drain.bind(asyncio.get_running_loop())
     router.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0),
                                       limits=httpx.Limits(max_connections=None))
     router.proxy = Proxy(router.replicas, router.metrics, router.client)
@@ -228,18 +230,6 @@ def _router(request: Request) -> _Router:
     return request.app.state.router
 
 
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, APIError)
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    status = getattr(exc, "status_code", 400)
-    return JSONResponse(error_body(f"no route {request.method} {request.url.path}"
-                                   if status == 404 else "invalid request",
-                                   code=str(status)), status_code=status)
-
-
 async def _routed(request: Request, path: str, body_type: type) -> Response:
     router = _router(request)
     s = router.settings
@@ -280,6 +270,8 @@ async def models(request: Request) -> JSONResponse:
 
 
 async def health(request: Request) -> Response:
+    if request.app.state.drain.draining:
+        return shutting_down(request)
     rs = _router(request).replicas
     body = {"replicas": [{"url": spec.url, "healthy": load.healthy}
                          for spec, load in zip(rs.specs, rs.loads)]}
@@ -290,7 +282,7 @@ async def health(request: Request) -> Response:
 
 
 async def prometheus_metrics(request: Request) -> Response:
-    return Response(_router(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return metrics_response(_router(request).metrics.render())
 
 
 _ROUTES = (("POST", "/v1/completions", completions),

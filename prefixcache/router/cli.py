@@ -21,6 +21,8 @@ import argparse
 import logging
 import os
 
+from prefixcache.http.bodies import DEFAULT_MAX_BODY_BYTES
+from prefixcache.http.flags import add_runner_flags, check_runner_flags
 from prefixcache.router.index import DEFAULT_APPROX_TTL_S, DEFAULT_MAX_PAGES
 from prefixcache.router.policy import (
     DEFAULT_BALANCE_ABS_TOKENS,
@@ -30,7 +32,6 @@ from prefixcache.router.policy import (
 )
 from prefixcache.router.replica_info import ReplicaInfo
 from prefixcache.router.specs import ReplicaSpec
-from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -94,6 +95,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="seconds between health checks of each replica")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    metavar="BYTES", help="largest request body, bytes (413 beyond)")
+    add_runner_flags(p)
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="log threshold")
@@ -115,13 +117,13 @@ def build_router_app(args: argparse.Namespace):
     ValueError / OSError on bad arguments, and ValueError naming the field when replicas
     disagree with each other or with a flag."""
     from prefixcache.cache.page_keys import PromptKeys
+    from prefixcache.http.auth import Authenticator
+    from prefixcache.http.flags import check_port
     from prefixcache.router.app import RouterSettings, create_router_app
     from prefixcache.router.index import PageIndex
     from prefixcache.router.policy import Policy
     from prefixcache.router.replica_info import agreed, fetch_all, info_key
     from prefixcache.router.replicas import ReplicaSet
-    from prefixcache.server.auth import Authenticator
-    from prefixcache.server.cli import check_port
 
     if args.block_size is not None and args.block_size < 1:
         raise ValueError(f"--block-size must be >= 1, got {args.block_size}")
@@ -129,6 +131,7 @@ def build_router_app(args: argparse.Namespace):
         raise ValueError("--health-interval-s must be > 0")
     if not args.startup_timeout_s >= 0:
         raise ValueError("--startup-timeout-s must be >= 0")
+    check_runner_flags(args)
     specs = [ReplicaSpec.parse(text) for text in args.replica]
     policy = Policy(args.balance_abs_tokens, args.balance_rel, args.decode_weight,
                     args.policy)
@@ -145,7 +148,8 @@ def build_router_app(args: argparse.Namespace):
         tokenizer=tokenizer,
         keys=PromptKeys(info.model_fingerprint, root_seed(args, info), info.block_size),
         auth=auth, max_body_bytes=args.max_body_bytes,
-        health_interval_s=args.health_interval_s, replica_info=info, info_key=key)
+        health_interval_s=args.health_interval_s, replica_info=info, info_key=key,
+        shutdown_grace_s=args.shutdown_grace_s)
     replicas = ReplicaSet(specs, index, policy)
     for i in range(len(specs)):
         if i not in infos:
@@ -221,10 +225,14 @@ def root_seed(args: argparse.Namespace, info: ReplicaInfo) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    from prefixcache.http.logsafe import SafeFormatter
+    from prefixcache.http.runner import serve
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     app = build_router_app(args)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, host=args.host, port=args.port, drain=app.state.drain,
+          header_timeout_s=args.header_timeout_s, log_level=args.log_level,
+          access_log=not args.no_access_log)
     return 0

@@ -30,9 +30,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import httpx
 from starlette.responses import Response, StreamingResponse
 
+from prefixcache.http.errors import SERVER_ERROR, APIError, error_body
 from prefixcache.router.metrics import RouterMetrics
 from prefixcache.router.replicas import ReplicaSet, Routed
-from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from prefixcache.server.auth import load_key_file
+from prefixcache.http.auth import load_key_file
 from prefixcache.server.cache_info import PATH
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,8 @@ Routes:
 Routes and exception handlers are module-level functions; what they share is
 ``request.app.state.server``, built once by :func:`create_app`.
 
-Every error is an OpenAI error object (see :mod:`.errors`): invalid JSON, wrong types,
+Every error is an OpenAI error object (see :mod:`prefixcache.http.errors`; the app and its
+error handlers come from :mod:`prefixcache.http.app`): invalid JSON, wrong types,
 missing fields and invalid values get 400 naming the field (FastAPI's 422 is never
 used), a missing or unknown API key 401, a non-admin caller of an admin endpoint 403,
 an unknown model 404 (``code: model_not_found``), an unknown route 404, a body over the
@@ -32,20 +33,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from prefixcache.http.app import create_app as create_http_app
+from prefixcache.http.app import error_response as _error_response
+from prefixcache.http.app import metrics_response
+from prefixcache.http.auth import Authenticator, Principal
+from prefixcache.http.drain import DEFAULT_GRACE_S, Drain
+from prefixcache.http.errors import SERVER_ERROR, APIError, error_body
 from prefixcache.server.async_engine import AsyncEngine
-from prefixcache.server.auth import Authenticator, Principal
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
 from prefixcache.server.cache_info import ROUTES as INFO_ROUTES
 from prefixcache.server.crosssite import HostGuard, check_origin, require_json
-from prefixcache.server.drain import DEFAULT_GRACE_S, Drain
-from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
-from prefixcache.server.logsafe import clean
 from prefixcache.server.messages import error_response, serve_messages
 from prefixcache.server.metrics import ServerMetrics
 from prefixcache.server.pins_routes import ROUTES as PIN_ROUTES
@@ -132,16 +132,14 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     server = _Server(settings, aengine, serving, metrics, drain,
                      ThreadPoolExecutor(1, thread_name_prefix="prefixcache-parse"),
                      engine.max_model_len)
-    app = FastAPI(title="prefixcache", lifespan=_lifespan, docs_url=None, redoc_url=None)
+    app = create_http_app("prefixcache", lifespan=_lifespan, drain=drain,
+                          on_error=metrics.reject, refuse_when_draining=False)
     app.state.server = server
     app.state.engine = aengine
     app.state.metrics = metrics
     app.state.settings = settings
-    app.state.drain = drain
     if settings.allowed_hosts is not None:
         app.add_middleware(HostGuard, allowed=settings.allowed_hosts, on_reject=metrics.reject)
-    for exc_type, handler in _HANDLERS:
-        app.add_exception_handler(exc_type, handler)
     for method, path, route in _ROUTES:
         app.add_api_route(path, route, methods=[method])
     return app
@@ -174,53 +172,6 @@ async def _json_body(request: Request, model: type) -> Any:
         require_json(request)
     raw = await read_body(request, server.settings.max_body_bytes)
     return await parse_json(model, raw, server.parse_pool)
-
-
-# -- error mapping -------------------------------------------------------------------------
-def _error_response(request: Request, status: int, body: dict,
-                    headers: dict | None = None) -> JSONResponse:
-    _server(request).metrics.reject(status)
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, APIError)
-    return _error_response(request, exc.status, exc.body(), exc.headers)
-
-
-async def _client_gone(request: Request, exc: Exception) -> Response:
-    # Nobody reads this answer, and it is no error of the server's: not counted.
-    log.debug("client disconnected while sending %s %s", request.method,
-              clean(request.url.path))
-    return Response(status_code=499)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, StarletteHTTPException)
-    msg = {404: f"no route {request.method} {request.url.path}",
-           405: f"method {request.method} is not allowed on {request.url.path}"
-           }.get(exc.status_code, str(exc.detail))
-    return _error_response(request, exc.status_code, error_body(msg, code=str(exc.status_code)),
-                           getattr(exc, "headers", None))
-
-
-async def _validation_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError)
-    errs = exc.errors()
-    param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
-    return _error_response(request, 400, error_body(
-        str(errs[0]["msg"]) if errs else "invalid request", param=param or None))
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, clean(request.url.path))
-    return _error_response(request, 500, error_body(
-        f"internal server error: {type(exc).__name__}", type=SERVER_ERROR))
-
-
-_HANDLERS = ((APIError, _api_error), (ClientDisconnect, _client_gone),
-             (StarletteHTTPException, _http_error), (RequestValidationError, _validation_error),
-             (Exception, _internal_error))
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -290,7 +241,7 @@ async def prometheus_metrics(request: Request) -> Response:
                 timeout=server.settings.stats_timeout_s)
         except Exception:  # an old snapshot beats no answer
             log.warning("engine stats unavailable; serving the previous snapshot")
-    return Response(server.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+    return metrics_response(server.metrics.render(stats))
 
 
 def _tenant_pages(engine: Any, tenants: list[str]) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixcache.outputs import RequestOutput
+from prefixcache.progress import phase
 from prefixcache.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -204,9 +205,8 @@ class AsyncEngine:
         fn = getattr(self.engine, "warmup", None) if self.warmup else None
         try:
             if fn is not None:
-                t0 = time.perf_counter()
-                n = fn()
-                log.info("warmup: %s tokens in %.2f s", n, time.perf_counter() - t0)
+                with phase("warm-up") as note:
+                    note["detail"] = f"one step of {fn()} tokens on the engine thread"
         except Exception:  # serving without it is only slower on the first request
             log.exception("engine warmup failed")
         finally:

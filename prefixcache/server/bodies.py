@@ -1,62 +1,18 @@
-"""Reading and parsing request bodies without stalling the event loop.
-
-A body is read up to ``limit`` bytes (413 beyond, whether ``Content-Length`` says so
-up front or a chunked body grows past it). A body of :data:`PARSE_IN_THREAD_BYTES` or
-more is parsed on a worker thread, one at a time, so a large body does not hold up
-other streams' events while pydantic builds it; smaller ones are parsed in place,
-which costs less than the thread hop. The limit bounds the rest: pydantic holds the
-GIL while it parses, so the default limit (2 MiB, far above any prompt that fits a
-model's context) keeps the worst case near 100 ms.
-
-A client that disconnects while its body is being read raises starlette's
-``ClientDisconnect``; the app answers it quietly (no traceback, no counted error).
-"""
+"""The server's request bodies: read with the HTTP foundation's limit
+(:mod:`prefixcache.http.bodies`), parsed into the OpenAI request types of :mod:`.protocol`
+(on a worker thread when large)."""
 from __future__ import annotations
 
-import asyncio
 from concurrent.futures import Executor
+from functools import partial
 
-from starlette.requests import Request
-
-from prefixcache.server.errors import APIError
+from prefixcache.http.bodies import DEFAULT_MAX_BODY_BYTES, parse_off_loop, read_body, too_large
 from prefixcache.server.protocol import _Body, parse_body
 
-DEFAULT_MAX_BODY_BYTES = 2 << 20    # 2 MiB
-PARSE_IN_THREAD_BYTES = 64 << 10    # 64 KiB
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, at most ``limit`` bytes.
-
-    Raises:
-        APIError: 400 for a malformed ``Content-Length``, 413 beyond ``limit``.
-        starlette.requests.ClientDisconnect: the client went away mid-body.
-    """
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise APIError(400, "invalid Content-Length header") from None
-        if size > limit:
-            raise too_large(size, limit)
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise too_large(total, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "parse_json", "read_body", "too_large"]
 
 
 async def parse_json(model: type[_Body], raw: bytes, pool: Executor) -> _Body:
     """``parse_body(model, raw)``, on ``pool`` when ``raw`` is large. Raises APIError 400
     as :func:`~prefixcache.server.protocol.parse_body` does."""
-    if len(raw) < PARSE_IN_THREAD_BYTES:
-        return parse_body(model, raw)
-    return await asyncio.get_running_loop().run_in_executor(pool, parse_body, model, raw)
-
-
-def too_large(size: int, limit: int) -> APIError:
-    return APIError(413, f"the request body ({size} bytes) exceeds the limit of {limit} "
-                    "bytes", code="request_too_large")
+    return await parse_off_loop(partial(parse_body, model), raw, pool)

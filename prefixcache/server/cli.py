@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import socket
 from pathlib import Path
 
 from prefixcache.engine.args import add_engine_args, config_from_args
+from prefixcache.http.bodies import DEFAULT_MAX_BODY_BYTES
+from prefixcache.http.flags import add_runner_flags, check_port, check_runner_flags
 from prefixcache.model.registry import DEFAULT_MODEL, MODELS
-from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES
-from prefixcache.server.drain import DEFAULT_GRACE_S
-from prefixcache.server.http_server import DEFAULT_HEADER_TIMEOUT_S
 from prefixcache.text.tool_parsers.registry import PARSERS
 
 log = logging.getLogger("prefixcache.server")
@@ -52,18 +50,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "for any. Default without --api-keys: the --host address and "
                         "localhost (any host when bound to 0.0.0.0 or ::); with "
                         "--api-keys: any")
-    p.add_argument("--shutdown-grace-s", type=float, default=DEFAULT_GRACE_S,
-                   metavar="SECONDS",
-                   help="on SIGTERM, stop admitting and let running requests finish for "
-                        "this long, seconds; then they end with a server_shutting_down error")
-    p.add_argument("--header-timeout-s", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
-                   metavar="SECONDS",
-                   help="close a connection whose request headers are not complete after "
-                        "this long, seconds")
+    add_runner_flags(p)
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="server log threshold")
-    p.add_argument("--no-access-log", action="store_true", help="no per-request log lines")
     p.add_argument("--no-warmup", action="store_true",
                    help="open the port without first running one full-size step on the "
                         "engine thread (the first request then pays for its set-up)")
@@ -93,42 +83,20 @@ def served_name(model: str) -> str:
     return model
 
 
-def check_port(host: str, port: int) -> None:
-    """Bind ``host:port`` as uvicorn will (``SO_REUSEADDR``, IPv6 when ``host`` has a
-    colon) and release it at once, so a busy port is found before the model loads.
-
-    Raises:
-        OSError: the address cannot be resolved or bound; the message names host:port.
-    """
-    ipv6 = ":" in host  # uvicorn's own rule for the socket family
-    where = f"[{host}]:{port}" if ipv6 else f"{host}:{port}"
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be 0-65535, got {port}")
-    try:
-        family = socket.AF_INET6 if ipv6 else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-    except OSError as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise OSError(f"cannot listen on {where}: {reason}") from None
-
-
 def build_app(args: argparse.Namespace):
     """The app for ``args``: checks the flags and that the port can be bound, then loads
     the model. Raises ValueError / KeyFileError / OSError (FileNotFoundError, a busy
     port) on bad arguments."""
     from prefixcache.engine.engine import LLMEngine
+    from prefixcache.http.auth import Authenticator
+    from prefixcache.progress import imports_done
     from prefixcache.server.app import ServerSettings, create_app
-    from prefixcache.server.auth import Authenticator
 
+    imports_done()
     auth = Authenticator.from_file(args.api_keys, allow_reset=args.allow_reset)
     if args.max_body_bytes < 1024:
         raise ValueError("--max-body-bytes must be at least 1024")
-    if not args.shutdown_grace_s >= 0:
-        raise ValueError("--shutdown-grace-s must be >= 0")
-    if not args.header_timeout_s > 0:
-        raise ValueError("--header-timeout-s must be > 0")
+    check_runner_flags(args)
     allowed = allowed_hosts(args, auth.enabled)
     check_port(args.host, args.port)
     config = config_from_args(args)
@@ -160,8 +128,8 @@ def allowed_hosts(args: argparse.Namespace, keys: bool) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from prefixcache.server.http_server import serve
-    from prefixcache.server.logsafe import SafeFormatter
+    from prefixcache.http.logsafe import SafeFormatter
+    from prefixcache.http.runner import serve
 
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -1,54 +1,10 @@
-"""OpenAI-style error objects and the exception that carries one.
-
-Every error the server answers has the body OpenAI's API uses::
-
-    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
-               "code": null}}
-
-``param`` names the offending request field (``null`` when there is none, e.g. a body
-that is not JSON).
-"""
-from __future__ import annotations
-
-from typing import Any
-
-INVALID_REQUEST = "invalid_request_error"
-RATE_LIMIT = "rate_limit_error"
-SERVER_ERROR = "server_error"
-PERMISSION = "permission_error"
-
-
-class APIError(Exception):
-    """An error answer: HTTP ``status`` with an OpenAI error object.
-
-    Args:
-        status: HTTP status code.
-        message: human-readable message.
-        type: OpenAI error ``type``.
-        param: the request field at fault, or ``None``.
-        code: OpenAI error ``code`` (``model_not_found``, ``invalid_api_key``...).
-        headers: extra response headers (``Retry-After``, ``WWW-Authenticate``).
-    """
-
-    def __init__(self, status: int, message: str, *, type: str = INVALID_REQUEST,
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_body(message: str, type: str = INVALID_REQUEST, param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
+"""Re-exports :mod:`prefixcache.http.errors` (the HTTP foundation) for the server's modules."""
+from prefixcache.http.errors import (  # noqa: F401
+    INVALID_REQUEST,
+    PERMISSION,
+    RATE_LIMIT,
+    SERVER_ERROR,
+    APIError,
+    bad_request,
+    error_body,
+)

@@ -18,7 +18,7 @@ from prefixcache.gateway.service import Gateway
 from prefixcache.gateway.singleflight import SingleFlight
 from prefixcache.gateway.store import MemoryStore
 from prefixcache.gateway.upstreams import Upstream, UpstreamSpec
-from prefixcache.server.auth import Authenticator
+from prefixcache.http.auth import Authenticator
 from tests.helpers.wait import wait_until
 from tests.server.live import free_port
 

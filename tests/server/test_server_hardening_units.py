@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from prefixcache.http.bodies import PARSE_IN_THREAD_BYTES
 from prefixcache.sampling_params import (
     MAX_STOP_BYTES,
     MAX_STOP_STRINGS,
@@ -150,7 +151,7 @@ def test_large_bodies_are_parsed_on_the_worker_thread(monkeypatch):
     monkeypatch.setattr(bodies, "parse_body", spy)
     small = json.dumps({"prompt": "hi"}).encode()
     large = json.dumps({"messages": [{"role": "user", "content": "x" * 30}] * 4000}).encode()
-    assert len(small) < bodies.PARSE_IN_THREAD_BYTES <= len(large)
+    assert len(small) < PARSE_IN_THREAD_BYTES <= len(large)
     pool = ThreadPoolExecutor(1, thread_name_prefix="test-parse")
 
     async def main():

@@ -181,7 +181,7 @@ def load() -> ModuleType | None:
 
         build = build_dir()
         name = build.name
-        log.info("loading the CPU kernels from %s (built once: about 30 s)", build)
+        log.info("loading the CPU kernels from %s (compiled on first use)", build)
         try:
             build.mkdir(parents=True, exist_ok=True)
             _ensure_ninja()

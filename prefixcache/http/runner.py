@@ -1,4 +1,5 @@
-"""The uvicorn server that runs the app: header-read timeout and draining shutdown.
+"""The uvicorn server that runs every app (server, router, gateway): header-read timeout,
+access log and draining shutdown.
 
 * :func:`header_timeout_protocol`: uvicorn's h11 protocol with a deadline on reading a
   request's headers. uvicorn times out idle keep-alive connections only; a connection
@@ -7,7 +8,7 @@
   first byte (or after it was opened) is closed. Header size is bounded by h11's
   ``h11_max_incomplete_event_size``.
 * :class:`DrainingServer`: on SIGTERM / SIGINT, starts the app's
-  :class:`~prefixcache.server.drain.Drain` before uvicorn stops accepting connections
+  :class:`~prefixcache.http.drain.Drain` before uvicorn stops accepting connections
   and waits for the running ones.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from prefixcache.server.drain import Drain
+from prefixcache.http.drain import Drain
+from prefixcache.progress import since_start
 
 log = logging.getLogger(__name__)
 
@@ -88,16 +90,46 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.drain = drain
 
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            where = ", ".join(f"http://{h}:{p}" if ":" not in h else f"http://[{h}]:{p}"
+                              for h, p in self._bound())
+            log.info("start-up: listening on %s, %.2f s after start", where, since_start())
+
+    def _bound(self) -> list[tuple[str, int]]:
+        out = []
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                out.append((host, port))
+        return out
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
             self.drain.begin_threadsafe()
         super().handle_exit(sig, frame)
 
 
-def serve(app: Any, *, host: str, port: int, drain: Drain, header_timeout_s: float,
-          log_level: str = "info", access_log: bool = True) -> None:
-    """Run ``app`` until SIGTERM / SIGINT, then drain (blocks)."""
+def make_server(app: Any, *, host: str, port: int, drain: Drain,
+                header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, log_level: str = "info",
+                access_log: bool = True) -> DrainingServer:
+    """The :class:`DrainingServer` for ``app`` (``port`` 0: any free port, read it from
+    ``server.servers[0].sockets`` once started). Call ``.run()`` to serve (blocks), or
+    ``.handle_exit(signal.SIGTERM, None)`` from another thread to drain and stop.
+
+    Raises:
+        ValueError: ``header_timeout_s`` is not positive.
+    """
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             access_log=access_log, http=header_timeout_protocol(header_timeout_s),
                             timeout_graceful_shutdown=int(drain.grace_s) + 5)
-    DrainingServer(config, drain).run()
+    return DrainingServer(config, drain)
+
+
+def serve(app: Any, *, host: str, port: int, drain: Drain,
+          header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, log_level: str = "info",
+          access_log: bool = True) -> None:
+    """Run ``app`` until SIGTERM / SIGINT, then drain (blocks)."""
+    make_server(app, host=host, port=port, drain=drain, header_timeout_s=header_timeout_s,
+                log_level=log_level, access_log=access_log).run()
