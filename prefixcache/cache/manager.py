@@ -330,6 +330,8 @@ class KVCacheManager:
     def _evict(self, page: int) -> None:
         """Allocation evicts a cached-free page: with the write-back hook set, its pins
         are demoted with it rather than lapsing (:mod:`.pin_demotion`)."""
+        if self.pool.pinned[page] and self.pins.held_by_session(page):
+            self.pins.counters["session_pages_evicted"] += 1  # a forced eviction
         if self.pool.pinned[page] and self._alloc.on_evict is not None:
             self.pins.on_drop(page, evicted=True)
         self.drop_cached(page, "quota" if page == self._quota_victim else "pool")
