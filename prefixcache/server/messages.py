@@ -76,6 +76,8 @@ def translate(raw: bytes) -> tuple[ChatCompletionRequest, float | None, dict]:
         raise APIError(400, text, param=exc.param) from None
     if isinstance(body.get("cache_salt"), str):  # our extension, as on the OpenAI routes
         chat["cache_salt"] = body["cache_salt"]
+    if "session_id" in body:  # an agent session (server/sessions.py), as on OpenAI routes
+        chat["session_id"] = body["session_id"]
     if chat.get("stream"):  # usage in every chunk: message_start reports the prompt's
         chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     req = parse_body(ChatCompletionRequest, json.dumps(chat).encode())
