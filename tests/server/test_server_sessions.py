@@ -38,7 +38,7 @@ def test_session_named_three_ways_shown_and_closed_per_tenant(tenant_server):
     m = httpx.post(f"{srv.base}/v1/messages", json={
         "model": "tiny", "max_tokens": 3, "messages": [
             {"role": "user", "content": unique_prompt(20)}]},
-        headers={"x-api-key": "sk-alice", "x-session-id": sids[2]}, timeout=60)
+        headers={"authorization": "Bearer sk-alice", "x-session-id": sids[2]}, timeout=60)
     assert m.status_code == 200, m.text
     kept = []
     for sid in sids:
@@ -105,6 +105,6 @@ def test_bad_session_ids_are_400_naming_the_field(tenant_server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "session_id", r.text
     r = httpx.post(f"{srv.base}/v1/messages", timeout=60, json={
         "model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
-        headers={"x-api-key": "sk-alice", "x-session-id": "x" * 300})
+        headers={"authorization": "Bearer sk-alice", "x-session-id": "x" * 300})
     assert r.status_code == 400 and "x-session-id" in r.text, r.text
     assert _close(srv, "x" * 300, "sk-alice").status_code == 400
