@@ -103,6 +103,9 @@ class LLMEngine:
         if config.enable_prefix_caching and (config.host_cache_bytes or config.disk_cache_dir
                                              or config.kv_store_url):
             self.tiers = KVTiers(config, self.cache, self.runner.kv, self.fingerprint)
+            if self.tiers.local and not self.tiers.write_through:  # evictions reach them
+                self.diagnostics.tier_names = tuple(t.name for t in self.tiers.local)
+                self.diagnostics.tier_holds = self.tiers.holds
             self.scheduler.extend_hit = self.tiers.extend_hit
             if config.kv_store_url:
                 remote = RedisTier(config.kv_store_url, self.tiers.fingerprint,
