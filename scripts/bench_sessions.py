@@ -9,7 +9,9 @@ prompt extends exactly what was computed, as in a real agent), and a session sto
 ``--max-calls`` calls or when the next prompt would pass ``--context`` tokens. Tool
 pauses are drawn from an exponential distribution (``--pause-mean-s``, seeded). The pool
 is the working set (the sessions' largest transcripts together) divided by
-``--pressure``. Runs alternate OFF (``session_ttl_s=0``, plain LRU) and ON.
+``--pressure``. ``--background N`` keeps N unrelated cold one-shot requests running beside
+the sessions (another tenant's traffic), the pressure sessions are meant to withstand.
+Runs alternate OFF (``session_ttl_s=0``, plain LRU) and ON.
 
 Forced evictions of live-session pages are counted the same way in both modes: a call's
 prompt starts with the previous transcript, so every full page of it that the call did
@@ -119,8 +121,16 @@ def run(args, mode: str, pool_pages: int, trajs, seed: int) -> dict:
         s.due = t0 + rng.uniform(0, args.pause_mean_s)
         s.started = s.due
     live: dict[str, Session] = {}
+    bg_running: set[str] = set()
+    bg_n = 0
     while any(s.done_at is None for s in sessions):
         now = time.perf_counter()
+        while len(bg_running) < args.background:  # unrelated one-shot traffic
+            rid = f"bg-{bg_n}"
+            eng.add_request(rid, [rng.randrange(3, 250) for _ in range(args.background_tokens)],
+                            SamplingParams(max_tokens=1), tenant="background")
+            bg_running.add(rid)
+            bg_n += 1
         for s in sessions:
             if s.done_at is not None or s.running is not None or s.due > now:
                 continue
@@ -138,13 +148,16 @@ def run(args, mode: str, pool_pages: int, trajs, seed: int) -> dict:
             s.running, s.calls = rid, s.calls + 1
             live[rid] = s
             s.transcript = prompt
-        if not eng.has_unfinished_requests():
+        if not eng.has_unfinished_requests() and not args.background:
             pending = [s.due for s in sessions if s.done_at is None and s.running is None]
             if pending:
                 time.sleep(max(0.0, min(pending) - time.perf_counter()))
             continue
         for out in eng.step():
             if not out.finished:
+                continue
+            if out.request_id in bg_running:
+                bg_running.discard(out.request_id)
                 continue
             s = live.pop(out.request_id)
             ttft.append(out.metrics.ttft or 0.0)
@@ -166,6 +179,7 @@ def run(args, mode: str, pool_pages: int, trajs, seed: int) -> dict:
             "job_mean_s": float(np.mean(jobs)), "calls": sum(s.calls for s in sessions),
             "lost_pages": lost, "session_pages_evicted": st["session_pages_evicted"],
             "prefill_tokens": st["prefill_tokens_computed"],
+            "session_prefill_tokens": prompt_tok - cached_tok, "background_requests": bg_n,
             "hit_rate": cached_tok / max(1, prompt_tok),
             "ttft_p50_ms": 1000 * float(np.percentile(ttft, 50)),
             "ttft_p99_ms": 1000 * float(np.percentile(ttft, 99))}
@@ -189,6 +203,9 @@ def main() -> None:
     p.add_argument("--ttl-s", type=float, default=60.0)
     p.add_argument("--pinned-fraction", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--background", type=int, default=0,
+                   help="unrelated one-shot requests kept running beside the sessions")
+    p.add_argument("--background-tokens", type=int, default=256)
     p.add_argument("--out", default=None, help="write every run as JSON lines here")
     args = p.parse_args()
     trajs = load_trajectories(args.chars_per_message)
