@@ -82,3 +82,24 @@ def test_bad_session_ids_are_refused_naming_the_parameter():
     assert llm.stats()["sessions_live"] == 0
     with pytest.raises(ValueError, match="session_ttl_s"):
         make(-1.0)
+
+
+def test_with_a_host_tier_forced_evictions_demote_and_the_next_call_loads_them():
+    page = 2 * 4 * BS * 4 * 32 * 4  # bytes of one page of builtin:tiny (float32)
+    llm = LLM("builtin:tiny", num_pages=12, block_size=BS, max_model_len=256,
+              session_ttl_s=300.0, max_pinned_fraction=1.0, host_cache_bytes=64 * page,
+              tier_load_policy="always")
+    _, transcript = agent_turn(llm, ids(0, 4 * BS))
+    assert llm.stats()["session_pages_held"] == 5
+    # One unrelated request needs 11 of the 12 pages: only session pages are left to evict.
+    big = llm.generate({"prompt_token_ids": ids(7, 11 * BS - 1)}, GREEDY)[0]
+    assert big.outputs[0].finish_reason == "length"
+    llm.engine.tiers.flush()
+    s = llm.stats()
+    assert s["session_pages_evicted"] >= 4 and s["pin_pages_demoted"] == s[
+        "session_pages_evicted"]
+    assert s["sessions_live"] == 1  # the transcript waits in the host tier
+    nxt, _ = agent_turn(llm, transcript + ids(50, 9))
+    assert nxt.num_cached_tokens == 5 * BS
+    assert llm.stats()["session_hits"] == 1
+    check_invariants(llm.engine.cache)
