@@ -103,7 +103,9 @@ class SessionRegistry:
         if s.pin is None:
             return None
         pins = self.mgr.pins
-        if pins.pins.get(s.pin.key) is not s.pin or s.pin.expires_at <= pins.clock():
+        if s.pin.expires_at <= pins.clock():
+            pins.expire()  # collect it now: its pages age as ordinary cached pages
+        if pins.pins.get(s.pin.key) is not s.pin:
             s.pin = None
         return s.pin
 
