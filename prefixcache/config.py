@@ -143,6 +143,9 @@ class EngineConfig:
             ``None`` leaves torch's setting alone (no global side effect).
         max_pinned_fraction: cap on pinned pages (TTL pins), a share of the pool in
             ``[0, 1]``; ``0`` disables pinning (``prefixcache/cache/pins.py``).
+        session_ttl_s: how long an agent session's transcript stays ahead of LRU after
+            each call (seconds, under the pin cap); ``0`` keeps nothing
+            (``prefixcache/cache/sessions.py``).
         tenant_quota_fraction: every tenant's quota, a share of the pool in ``(0, 1]``:
             a tenant over it evicts its own cached pages first; ``None`` for no quota
             (``prefixcache/cache/quotas.py``).
@@ -259,6 +262,9 @@ class EngineConfig:
 
     max_pinned_fraction: float = field(default=0.5, metadata=_opt(
         "most pinned (TTL) pages, as a share of the KV pool; 0 disables pinning", "share"))
+    session_ttl_s: float = field(default=300.0, metadata=_opt(
+        "how long an agent session's transcript is kept ahead of LRU after each call "
+        "(the tool-pause budget); 0 keeps nothing", "seconds"))
     tenant_quota_fraction: float | None = field(default=None, metadata=_opt(
         "each tenant's share of the KV pool: over it, a tenant evicts its own cached pages "
         "first", "share", default="no quota"))
@@ -296,6 +302,8 @@ class EngineConfig:
              f"must be >= 1, got {self.num_threads}")
         need(0.0 <= self.max_pinned_fraction <= 1.0, "max_pinned_fraction",
              f"must be in [0, 1], got {self.max_pinned_fraction}")
+        need(0.0 <= self.session_ttl_s <= 7 * 24 * 3600.0, "session_ttl_s",
+             f"must be from 0 to 604800 seconds, got {self.session_ttl_s}")
         for name, f in [("tenant_quota_fraction", self.tenant_quota_fraction)] + [
                 (f"tenant_quotas[{t!r}]", f) for t, f in (self.tenant_quotas or {}).items()]:
             need(f is None or 0.0 < f <= 1.0, name, f"must be in (0, 1], got {f}")

@@ -347,6 +347,8 @@ class KVCacheManager:
         """Allocation evicts a cached-free page: while the connector takes evictions
         (write-back), its pins are demoted with it rather than lapsing
         (:mod:`.pin_demotion`)."""
+        if self.pool.pinned[page] and self.pins.held_by_session(page):
+            self.pins.counters["session_pages_evicted"] += 1  # a forced eviction
         if self.pool.pinned[page] and self._alloc.on_evict is not None:
             self.pins.on_drop(page, evicted=True)
         self.drop_cached(page, "quota" if page == self._quota_victim else "pool")

@@ -31,7 +31,7 @@ REASONS = ("none", "prompt_logprobs", "shorter_than_one_page", "model_changed",
 # Why a cached page was dropped -> (reason, detail); see :meth:`DropLog.record`.
 DROP_CAUSES = {"pool": ("evicted", "pool"), "reset": ("evicted", "reset"),
                "quota": ("admission", "tenant_quota"), "pin": ("expired", "pin"),
-               "ttl": ("expired", "ttl")}
+               "ttl": ("expired", "ttl"), "session": ("expired", "session_closed")}
 
 
 def first_divergence(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:

@@ -41,7 +41,7 @@ from prefixcache.cache.pin_demotion import PinDemotion, PinKey
 from prefixcache.cache.prefix_index import PrefixIndex
 
 __all__ = ["MAX_PIN_TTL_S", "MIN_PIN_TTL_S", "Pin", "PinCapError", "PinKey", "PinRegistry",
-           "check_pin_ttl"]
+           "check_pin_ttl", "published_prefix"]
 
 # Bounds of a pin's TTL in the public APIs (HTTP ``cache_ttl``, ``LLM.pin_prefix``,
 # ``pin_ttl_s``); :class:`PinRegistry` itself takes any positive TTL (tests, clocks).
@@ -79,6 +79,8 @@ class Pin:
         ttl_s: the TTL a hit refreshes it to (seconds).
         expires_at: when it lapses, on the registry's clock (seconds).
         seq: creation order (older pins lapse first over the cap).
+        session: the agent session whose transcript this pin keeps (:mod:`.sessions`),
+            ``None`` for a prefix pin. Session pins are not listed with prefix pins.
     """
 
     tenant: Hashable
@@ -89,6 +91,7 @@ class Pin:
     expires_at: float
     seq: int
     hashes: tuple[bytes, ...] = ()
+    session: str | None = None
 
     def demoted(self) -> list[bytes]:
         """Hashes of the pages not in the pool (demoted to a KV tier)."""
@@ -104,6 +107,19 @@ class Pin:
         clock, Unix seconds by default), ``ttl_s``."""
         return {"prefix_hash": self.prefix_hash.hex(), "tokens": self.num_tokens,
                 "tier": tier, "expires_at": self.expires_at, "ttl_s": self.ttl_s}
+
+
+def published_prefix(index: PrefixIndex, keys: PageKeys, pt: PageTable,
+                     num_pages: int) -> tuple[list[int], list[bytes]]:
+    """A table's leading published pages among its first ``num_pages`` (up to the first
+    that is not: a collision, a dead chain) and their page hashes."""
+    pages = []
+    for ref in pt.chain_refs[:num_pages]:
+        page = None if ref is None else index.page_of_entry(ref)  # type: ignore[arg-type]
+        if page is None:
+            break
+        pages.append(page)
+    return pages, keys.hashes(pt, len(pages))[:len(pages)] if pages else []
 
 
 class PinRegistry:
@@ -141,17 +157,21 @@ class PinRegistry:
         self.counters = {"pins_created": 0, "pins_refused": 0, "pins_expired": 0,
                          "pins_evicted": 0, "pins_lapsed_for_cap": 0, "pins_unpinned": 0,
                          "pin_refreshes": 0, "pin_pages_demoted": 0,
-                         "pin_pages_reloaded": 0}
+                         "pin_pages_reloaded": 0, "session_pages_evicted": 0,
+                         "session_pins_truncated": 0}
 
     def __len__(self) -> int:
         return len(self.pins)
 
     # -- creating and removing ---------------------------------------------------------
     def pin(self, tenant: Hashable, prefix_hash: bytes, pages: Iterable[int],
-            num_tokens: int, ttl_s: float, hashes: Iterable[bytes] = ()) -> Pin:
+            num_tokens: int, ttl_s: float, hashes: Iterable[bytes] = (),
+            session: str | None = None) -> Pin:
         """Pin published pages (a prefix from the chain root) for ``ttl_s`` seconds;
         ``hashes`` (their page hashes, same order) let the pin survive demotion.
         Pinning a pinned prefix again extends its expiry (never shortens it).
+        ``session``: the pin keeps that session's transcript (``prefix_hash`` is then the
+        session's key, see :mod:`.sessions`).
 
         Raises:
             ValueError: ``ttl_s <= 0`` or no pages.
@@ -173,7 +193,7 @@ class PinRegistry:
             return old
         self._make_room(tenant, pages)
         pin = Pin(tenant, prefix_hash, pages, num_tokens, ttl_s, now + ttl_s, next(self._seq),
-                  hashes)
+                  hashes, session)
         self.pins[pin.key] = pin
         for page in pages:
             self._hold(page, pin.key)
@@ -185,16 +205,10 @@ class PinRegistry:
     def pin_table(self, index: PrefixIndex, keys: PageKeys, pt: PageTable, num_pages: int,
                   ttl_s: float) -> Pin:
         """Pin a table's first ``num_pages`` finalized pages: see ``KVCacheManager.pin``."""
-        pages = []
-        for ref in pt.chain_refs[:num_pages]:
-            page = None if ref is None else index.page_of_entry(ref)  # type: ignore[arg-type]
-            if page is None:
-                break
-            pages.append(page)
+        pages, hashes = published_prefix(index, keys, pt, num_pages)
         if not pages:
             raise ValueError("pages: the prefix has no published full page to pin")
         n = len(pages)
-        hashes = keys.hashes(pt, n)[:n]
         return self.pin(pt.tenant, hashes[n - 1], pages, n * keys.block_size, ttl_s, hashes)
 
     def _hold(self, page: int, key: PinKey) -> None:
@@ -303,12 +317,21 @@ class PinRegistry:
                     self._set_expiry(pin, now + pin.ttl_s)
                     self.counters["pin_refreshes"] += 1
 
+    def held_by_session(self, page: int) -> bool:
+        """Whether a session's pin (:mod:`.sessions`) holds this pool page."""
+        pins = self.pins
+        return any(pins[k].session is not None for k in self._of_page.get(page, ()))
+
     def on_drop(self, page: int, evicted: bool = False) -> None:
         """A pinned page leaves the pool (eviction, reset): its pins lapse, unless it is
         ``evicted`` with demotion enabled: then each pin holding it (with hashes) keeps the
         position as demoted and waits for the hash to come back (:meth:`on_reload`)."""
         for pin in sorted((self.pins[k] for k in self._of_page.get(page, ())),
                           key=lambda p: p.seq):
+            if (pin.session is not None and not (evicted and self.demotion.enabled)
+                    and pin.pages.index(page) > 0 and None not in pin.pages):
+                self._truncate(pin, pin.pages.index(page))
+                continue
             if not (evicted and self.demotion.enabled and pin.hashes):
                 self._remove(pin)
                 self.counters["pins_evicted"] += 1
@@ -318,6 +341,16 @@ class PinRegistry:
             self._let_go(page, pin.key)
             self.demotion.await_hash(pin.hashes[i], pin.key)
             self.counters["pin_pages_demoted"] += 1
+
+    def _truncate(self, pin: Pin, n: int) -> None:
+        """A session pin keeps its first ``n`` pages: a transcript losing a page keeps
+        the prefix before it (a hit can still read that far)."""
+        for page in pin.pages[n:]:
+            self._let_go(page, pin.key)  # type: ignore[arg-type]
+        self.demotion.count(pin.hashes[n:], -1)
+        page_tokens = pin.num_tokens // len(pin.pages)
+        pin.pages, pin.hashes, pin.num_tokens = pin.pages[:n], pin.hashes[:n], n * page_tokens
+        self.counters["session_pins_truncated"] += 1
 
     def on_reload(self, pages: Iterable[int], hashes: Iterable[bytes]) -> None:
         """Published pages (loaded from a KV tier, or hit) whose hashes demoted pins wait
@@ -343,9 +376,11 @@ class PinRegistry:
 
     # -- reading -------------------------------------------------------------------------
     def list(self, tenant: Hashable) -> list[Pin]:
-        """A tenant's live pins (expired ones are collected first), oldest first."""
+        """A tenant's live prefix pins (expired ones are collected first), oldest first;
+        session pins are not listed (:mod:`.sessions` reports them)."""
         self.expire()
-        return sorted((p for p in self.pins.values() if p.tenant == tenant),
+        return sorted((p for p in self.pins.values()
+                       if p.tenant == tenant and p.session is None),
                       key=lambda p: p.seq)
 
     def get(self, tenant: Hashable, prefix_hash: bytes) -> Pin | None:

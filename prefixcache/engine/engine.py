@@ -24,6 +24,7 @@ import torch
 from prefixcache.cache.identity import model_fingerprint
 from prefixcache.cache.manager import KVCacheManager
 from prefixcache.cache.pins import PinCapError, check_pin_ttl
+from prefixcache.cache.sessions import SessionRegistry, check_session_id
 from prefixcache.config import EngineConfig
 from prefixcache.engine.kv_connector import TieredConnector, build_connector
 from prefixcache.engine.kv_events import KVEventPublisher
@@ -102,8 +103,13 @@ class LLMEngine:
                                     tenant_quota_fraction=config.tenant_quota_fraction,
                                     tenant_quotas=config.tenant_quotas,
                                     connector=self.connector)
+        self.sessions = SessionRegistry(self.cache, config.session_ttl_s)
         self.scheduler = Scheduler(config, self.cache, clock)
         self.diagnostics = MissDiagnostics(self.cache, self.tokenizer, self.fingerprint)
+        tiers = self.tiers
+        if tiers is not None and tiers.local and not tiers.write_through:  # evictions reach them
+            self.diagnostics.tier_names = tuple(t.name for t in tiers.local)
+            self.diagnostics.tier_holds = tiers.holds
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, set(mc.eos_token_ids))
         self.requests: dict[str, Request] = {}
         self.groups: dict[str, SampleGroup] = {}  # live n > 1 requests, by request id
@@ -184,8 +190,13 @@ class LLMEngine:
                     tenant: str | None = None, cache_salt: str | None = None,
                     extra_keys: tuple = (), arrival_time: float | None = None,
                     pin_ttl_s: float | None = None,
-                    diagnostics: DiagnosticsRequest | None = None) -> Request:
+                    diagnostics: DiagnosticsRequest | None = None,
+                    session_id: str | None = None) -> Request:
         """Queue a request.
+
+        ``session_id``: the tenant's agent session this call belongs to: once it
+        finishes, its transcript (prompt and output pages) is kept ahead of LRU for
+        ``config.session_ttl_s`` (``cache/sessions.py``; :meth:`close_session`).
 
         ``diagnostics``: say why the request did not hit (``output.extra
         ["cache_diagnostics"]``, once its prefill completed; ``engine/miss_diagnostics.py``).
@@ -213,6 +224,10 @@ class LLMEngine:
                 pin_ttl_s = check_pin_ttl(pin_ttl_s)
             except ValueError as exc:
                 raise ParamError("pin_ttl_s", str(exc)) from None
+        try:
+            check_session_id(session_id)
+        except ValueError as exc:
+            raise ParamError("session_id", str(exc)) from None
         if diagnostics is not None and not isinstance(diagnostics, DiagnosticsRequest):
             raise ParamError("diagnostics", "must be a DiagnosticsRequest or None")
         limit = self.config.max_waiting_requests
@@ -226,7 +241,8 @@ class LLMEngine:
                           sampling_params=sp, prompt=prompt, tenant=tenant,
                           cache_salt=cache_salt, extra_keys=tuple(extra_keys),
                           pin_ttl_s=pin_ttl_s if i == 0 else None, arrival_time=arrival,
-                          diagnostics=diagnostics if i == 0 else None, index=i)
+                          diagnostics=diagnostics if i == 0 else None, index=i,
+                          session_id=session_id if i == 0 else None)
             if sp.seed is not None:
                 req.generator = torch.Generator(device=self.device).manual_seed(sp.seed)
             if sp.structured_outputs is not None:  # each sample runs its own matcher
@@ -241,6 +257,8 @@ class LLMEngine:
                 req.group = group
             self.groups[request_id] = group
         self.scheduler.add(members[0])  # the others are forked from it after its prefill
+        if session_id is not None:
+            self.sessions.enter(tenant, session_id)
         return members[0]
 
     def abort_request(self, request_id: str) -> bool:
@@ -294,6 +312,11 @@ class LLMEngine:
         req.freeze_cached()
         if req.diagnostics is not None and reason in ("stop", "length"):
             self.diagnostics.remember(req)
+        if req.session_id is not None:  # before the table is freed
+            if reason in ("stop", "length") and req.page_table is not None:
+                self.sessions.keep(req.tenant, req.session_id, req.page_table)
+            else:
+                self.sessions.leave(req.tenant, req.session_id)
         self.scheduler.remove(req)
         self.requests.pop(req.request_id, None)
         self.connector.on_finished(req.request_id)
@@ -416,6 +439,8 @@ class LLMEngine:
                                         req.num_inflight_hit_tokens)
                 if req.pin_ttl_s is not None:
                     self._pin(req)
+                if req.session_id is not None:
+                    self.sessions.renew(req.tenant, req.session_id, req.num_cached_tokens)
                 if req.diagnostics is not None:
                     req.diagnosis = self.diagnostics.diagnose(req)
             if req.sampling_params.max_tokens == 0:  # prefill only: drop the token
@@ -445,6 +470,7 @@ class LLMEngine:
         d.update(self.counters)
         mc, bs = self.model_config, self.config.block_size
         d.update(self.diagnostics.stats())
+        d.update(self.sessions.stats())
         d.update(requests_running=len(self.scheduler.running),
                  requests_waiting=len(self.scheduler.waiting),
                  num_preemptions=self.scheduler.num_preemptions,
@@ -495,6 +521,26 @@ class LLMEngine:
                              f"number of 0-9a-f digits), got {str(prefix_hash)[:64]!r}")
         key = bytes.fromhex(prefix_hash)
         return self.cache.pins.unpin(tenant, key)
+
+    def close_session(self, session_id: str, tenant: str | None = None) -> bool:
+        """Close the tenant's agent session: its kept transcript's pages are freed at
+        once (those no running request or other pin holds). ``False`` when the tenant
+        has no such live session (another tenant's is never touched).
+
+        Raises:
+            ParamError: ``session_id`` is not a string of 1 to 256 characters.
+        """
+        check_namespace(tenant=tenant)
+        try:
+            check_session_id(session_id)
+        except ValueError as exc:
+            raise ParamError("session_id", str(exc)) from None
+        return self.sessions.close(tenant, session_id)
+
+    def session_info(self, session_id: str, tenant: str | None = None) -> dict | None:
+        """The tenant's session as :meth:`SessionRegistry.info` shows it, or ``None``."""
+        check_namespace(tenant=tenant)
+        return self.sessions.info(tenant, session_id)
     def close(self) -> None:
         """Finish the queued KV tier stores and stop their worker, and close the KV
         event sockets (idempotent). The engine keeps serving from the pool alone

@@ -125,6 +125,10 @@ class KVTiers:
         for tier in self.local:
             tier.set_pinned(hashes, pinned)
 
+    def holds(self, page_hash: bytes) -> bool:
+        """Whether a local tier holds the page, or its store is still queued."""
+        return bool(self.queue.pending) or any(t.contains(page_hash) for t in self.local)
+
     def tier_of(self, hashes: list[bytes]) -> str | None:
         """The lowest tier holding any of ``hashes`` (each taken from the fastest tier
         holding it), or ``None`` when one is in no tier and no store is pending."""

@@ -72,6 +72,7 @@ class LLM:
                  tenant: str | None = None, cache_salt: str | None = None,
                  use_tqdm: bool = False, pin_ttl_s: float | None = None,
                  cache_diagnostics: bool | dict | None = None,
+                 session_id: str | None = None,
                  _anchors: Sequence[tuple[tuple[str, str], ...]] = ()
                  ) -> list[RequestOutput]:
         """Generate for every prompt, all batched together; outputs in prompt order.
@@ -88,6 +89,9 @@ class LLM:
             cache_diagnostics: ``True`` or ``{"compare_to": "<request id>"}``: say why each
                 request did not hit, in ``output.extra["cache_diagnostics"]`` (README,
                 "Cache-miss diagnostics"; the ids are the outputs' ``request_id``).
+            session_id: the tenant's agent session these calls belong to: each call's
+                transcript is kept ahead of LRU for ``session_ttl_s`` after it ends
+                (``docs/sessions.md``; :meth:`close_session` frees it at once).
 
         Raises:
             ParamError: an invalid prompt or parameter (``tenant`` and ``cache_salt``
@@ -113,14 +117,15 @@ class LLM:
             rid = f"offline-{next(self._ids)}"
             self.engine.add_request(rid, ids, sp, prompt=text, tenant=tenant,
                                     cache_salt=cache_salt, pin_ttl_s=pin_ttl_s,
-                                    diagnostics=ask)
+                                    diagnostics=ask, session_id=session_id)
             order.append(rid)
         return self._run(order, use_tqdm)
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | None = None, *, tools: list | None = None,
              tenant: str | None = None, cache_salt: str | None = None,
-             cache_diagnostics: bool | dict | None = None) -> list[RequestOutput]:
+             cache_diagnostics: bool | dict | None = None,
+             session_id: str | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, rendered with the
         model's chat template; each output's ``prompt`` is the rendered prompt text.
         Raises ParamError naming the field at fault (``messages[0].role``; with a list
@@ -141,7 +146,7 @@ class LLM:
         prompts = [{"prompt_token_ids": self.tokenizer.encode(t, add_special_tokens=False),
                     "prompt": t} for t in texts]
         return self.generate(prompts, sampling_params, tenant=tenant, cache_salt=cache_salt,
-                             cache_diagnostics=cache_diagnostics,
+                             cache_diagnostics=cache_diagnostics, session_id=session_id,
                              _anchors=[message_anchors(c, tools) for c in convs]
                              if cache_diagnostics else ())
 
@@ -201,6 +206,11 @@ class LLM:
             raise PinCapError(pin["error"])
         return {k: v for k, v in pin.items() if k != "pinned"} | {
             "cached_tokens": out.num_cached_tokens}
+
+    def close_session(self, session_id: str, tenant: str | None = None) -> bool:
+        """Close one of the tenant's agent sessions: its kept transcript is freed at
+        once. ``False`` if it has no such live session (``LLMEngine.close_session``)."""
+        return self.engine.close_session(session_id, tenant)
 
     def list_pins(self, tenant: str | None = None) -> list[dict]:
         """The tenant's live pins, oldest first: ``prefix_hash`` (hex), ``tokens``,

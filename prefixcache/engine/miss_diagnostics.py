@@ -14,6 +14,7 @@ page (``diag_drops_recorded``), which is what tells "evicted" from "never seen".
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,10 @@ class MissDiagnostics:
         cache.record_drops(self.drops)
         self.counters = {"diag_requests": 0, "diag_responses_recorded": 0}
         self.reasons: Counter[str] = Counter()
+        # With KV tiers (set by the engine): the names of the local tiers, fastest first,
+        # and ``holds(page_hash)`` -> whether one of them still holds the page.
+        self.tier_names: tuple[str, ...] = ()
+        self.tier_holds: Callable[[bytes], bool] | None = None
 
     def _model_key(self, req: Request) -> tuple:
         return (self.fingerprint, req.extra_keys)
@@ -75,7 +80,10 @@ class MissDiagnostics:
     def diagnose(self, req: Request) -> dict[str, Any]:
         """The diagnosis of a request whose prefill just completed (it still holds its
         page table). Keys: ``reason`` (a :data:`~.miss_diagnosis.REASONS` code),
-        ``detail`` (tier or what expired, else ``None``), ``prompt_tokens``,
+        ``detail`` (tier or what expired, else ``None``; ``evicted`` names where the page
+        was evicted last: ``pool`` (the device's KV pool, no KV tier held it after),
+        ``host`` or ``disk`` (it left the pool into the tiers, then the lowest tier
+        evicted it too), ``prompt_tokens``,
         ``cached_tokens``, ``reusable_tokens`` (what the compared request allowed, whole
         pages; ``None`` without one), ``compared_with`` (its id or ``None``),
         ``compare_to_found`` (``None`` unless ``compare_to`` was given), ``divergence``
@@ -100,11 +108,15 @@ class MissDiagnostics:
         common = 0 if earlier is None else first_divergence(earlier.token_ids, prompt)
         facts = Facts(n, cached, bs, req.read_cache, limit, req.cache_salt,
                       self._model_key(req), earlier=earlier, common=common)
+        h = b""  # the hash of the first page the request did not read
         if req.read_cache and cached < limit and req.page_table is not None:
             k = cached // bs
             h = self.cache.page_hashes(req.page_table, k + 1)[k]
             facts.first_missed_drop = self.drops.cause(req.tenant, h)
         reason, detail = decide(facts)
+        if (reason, detail) == ("evicted", "pool") and self.tier_holds is not None \
+                and self.tier_names and h and not self.tier_holds(h):
+            detail = self.tier_names[-1]  # written back on eviction, then evicted there
         self.reasons[reason] += 1
         return {"reason": reason, "detail": detail, "prompt_tokens": n, "cached_tokens": cached,
                 "reusable_tokens": (None if earlier is None

@@ -38,6 +38,7 @@ class Request:
     pin_ttl_s: float | None = None  # pin the full prompt pages once published (seconds)
     pin: Any = None              # the cache.pins.Pin made for it, once pinned
     pin_error: str | None = None  # why it could not be pinned (the pin cap)
+    session_id: str | None = None  # the agent session of its tenant (cache/sessions.py)
     diagnostics: Any = None      # engine.miss_diagnostics.DiagnosticsRequest, when asked
     diagnosis: dict | None = None  # its answer, once the prefill completed
     status: RequestStatus = RequestStatus.WAITING

@@ -47,6 +47,7 @@ from prefixcache.router.replicas import ReplicaSet, Routed
 from prefixcache.server.bodies import parse_json, read_body
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.requests import RequestPreparer
+from prefixcache.server.sessions import request_session
 
 log = logging.getLogger(__name__)
 
@@ -245,9 +246,11 @@ async def _routed(request: Request, path: str, body_type: type) -> Response:
     ids = prep.prompts[0][0]
     hashes = s.keys.page_hashes(ids, principal.tenant, prep.cache_salt)
     total = sum(len(p) for p, _ in prep.prompts)
+    sid = request_session(req.session_id, req.prompt_cache_key, request.headers)
+    session = None if sid is None else (principal.tenant, sid)
 
     def route(exclude: Sequence[int]) -> Routed | None:
-        return router.replicas.route(hashes, total, s.keys.block_size, exclude)
+        return router.replicas.route(hashes, total, s.keys.block_size, exclude, session)
 
     headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
     assert router.proxy is not None

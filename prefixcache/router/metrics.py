@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from prefixcache.router.replicas import ReplicaSet
 
-REASONS = ("cache", "balance", "overload")
+REASONS = ("cache", "balance", "overload", "session")
 
 
 class RouterMetrics:
@@ -25,8 +25,8 @@ class RouterMetrics:
         n = len(replicas.specs)
         reg = self.registry
         self.decisions = Counter("router_decisions", "Requests routed, by replica and "
-                                 "reason (cache, balance, overload).", ["replica", "reason"],
-                                 registry=reg)
+                                 "reason (cache, balance, overload, session).",
+                                 ["replica", "reason"], registry=reg)
         self.predicted = Counter("router_predicted_hit_tokens", "Prompt tokens the index "
                                  "predicted cached on the chosen replica, tokens.",
                                  ["replica"], registry=reg)

@@ -14,6 +14,11 @@ loaded) is *overloaded* and takes no new request while another is not. Unlike a 
 to shortest-queue, every other replica still competes on cost, so affinity holds under
 imbalance. A replica that answered 429/503 sheds traffic for ``shed_s`` seconds.
 
+Sessions: a request of an agent session (``prefer``: the replica that served the
+session's last call, which holds its transcript) goes back there whenever that replica is
+available (not overloaded by the thresholds above, healthy, not shedding), whatever the
+cost; reason ``"session"``.
+
 Ties (same cost) go to the least loaded, then round-robin, so misses at low concurrency
 spread instead of all landing on the first replica. ``mode="round_robin"`` ignores cost
 (every available replica in turn): the baseline the benchmarks compare against.
@@ -52,7 +57,8 @@ class Decision:
     """The chosen replica, why, and the predicted hit there (tokens)."""
 
     replica: int
-    reason: str  # "cache" (a hit decided it), "balance" (no useful hit), "overload"
+    reason: str  # "cache" (a hit decided it), "balance" (no useful hit), "overload",
+    #              "session" (the replica that served the session)
     hit_tokens: int
     cost: int
 
@@ -98,7 +104,8 @@ class Policy:
         return load - lo > self.balance_abs_tokens and load > self.balance_rel * lo
 
     def choose(self, prompt_tokens: int, hit_tokens: dict[int, int],
-               loads: Sequence[ReplicaLoad], now: float) -> Decision | None:
+               loads: Sequence[ReplicaLoad], now: float,
+               prefer: int | None = None) -> Decision | None:
         """The replica for a request, ``None`` when none is available.
 
         Args:
@@ -106,10 +113,15 @@ class Policy:
             hit_tokens: predicted cached tokens per replica (missing: 0).
             loads: every replica's :class:`ReplicaLoad`, by replica number.
             now: the current time, seconds (compared with ``shed_until``).
+            prefer: the replica that served the request's session, if any.
         """
         cands = self.available(loads, now)
         if not cands:
             return None
+        if prefer in cands and self.mode != "round_robin":
+            hit = hit_tokens.get(prefer, 0)
+            return Decision(prefer, "session", hit,
+                            prompt_tokens - hit + self.load(loads[prefer]))
         n = len(loads)
         self._turn = (self._turn + 1) % n
         turn = self._turn

@@ -36,7 +36,8 @@ from prefixcache.router.replicas import ReplicaSet, Routed
 
 log = logging.getLogger(__name__)
 
-FORWARDED_HEADERS = ("authorization", "content-type", "accept", "x-request-id")
+FORWARDED_HEADERS = ("authorization", "content-type", "accept", "x-request-id",
+                     "x-session-id")
 DEFAULT_SHED_S = 1.0
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from prefixcache.router.event_stream import EventSubscriber
@@ -25,6 +26,8 @@ from prefixcache.router.policy import Decision, Policy, ReplicaLoad
 from prefixcache.router.specs import ReplicaSpec
 
 __all__ = ["ReplicaSet", "ReplicaSpec", "Routed"]
+
+MAX_SESSIONS = 65536  # sessions remembered (least recently routed forgotten first)
 
 
 @dataclass
@@ -53,6 +56,8 @@ class ReplicaSet:
         self.verified = [True] * len(self.specs)  # its GET /v1/cache/info agrees
         self.lock = threading.Lock()
         self.subscribers: list[EventSubscriber | None] = [None] * len(self.specs)
+        # (tenant, session id) -> the replica its last call went to (bounded, LRU)
+        self.sessions: OrderedDict[tuple[Hashable, str], int] = OrderedDict()
 
     # -- events ------------------------------------------------------------------------
     def start_events(self) -> None:
@@ -114,7 +119,8 @@ class ReplicaSet:
 
     # -- routing -----------------------------------------------------------------------
     def route(self, hashes: Sequence[bytes], prompt_tokens: int, block_size: int,
-              exclude: Sequence[int] = ()) -> Routed | None:
+              exclude: Sequence[int] = (),
+              session: tuple[Hashable, str] | None = None) -> Routed | None:
         """Choose a replica for a prompt with these page hashes and count the request
         there; ``None`` when no replica is available.
 
@@ -123,6 +129,9 @@ class ReplicaSet:
             prompt_tokens: its length, tokens.
             block_size: tokens per page.
             exclude: replicas already tried for this request.
+            session: ``(tenant, session id)`` of an agent session's call: it goes to
+                the replica its last call went to unless that one is overloaded
+                (:meth:`.policy.Policy.choose`).
         """
         limit = max(0, (prompt_tokens - 1) // block_size)  # the last token is computed
         with self.lock:
@@ -131,9 +140,15 @@ class ReplicaSet:
                      for i, r in enumerate(self.loads)]
             pages = self.index.match(hashes[:limit], range(len(loads)), now)
             hit = {i: n * block_size for i, n in pages.items()}
-            decision = self.policy.choose(prompt_tokens, hit, loads, now)
+            prefer = None if session is None else self.sessions.get(session)
+            decision = self.policy.choose(prompt_tokens, hit, loads, now, prefer)
             if decision is None:
                 return None
+            if session is not None:
+                self.sessions[session] = decision.replica
+                self.sessions.move_to_end(session)
+                if len(self.sessions) > MAX_SESSIONS:
+                    self.sessions.popitem(last=False)
             load = self.loads[decision.replica]
             queued = prompt_tokens - decision.hit_tokens
             load.queued_tokens += queued

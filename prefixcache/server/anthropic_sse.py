@@ -79,11 +79,14 @@ def input_json_delta(index: int, partial_json: str) -> str:
                                                        "partial_json": partial_json}})
 
 
-def stream_end(finish_reason: str | None, usage: dict) -> str:
-    """``message_delta`` (stop reason, usage) and ``message_stop``."""
+def stream_end(finish_reason: str | None, usage: dict,
+               diagnostics: dict | None = None) -> str:
+    """``message_delta`` (stop reason, usage; the cache ``diagnostics`` object when the
+    request asked for them) and ``message_stop``."""
+    extra = {} if diagnostics is None else {"diagnostics": diagnostics}
     return (sse_event("message_delta", {"type": "message_delta", "delta": {
                 "stop_reason": FINISH_TO_STOP.get(finish_reason or "stop", "end_turn"),
-                "stop_sequence": None}, "usage": usage})
+                "stop_sequence": None}, "usage": usage, **extra})
             + sse_event("message_stop", {"type": "message_stop"}))
 
 

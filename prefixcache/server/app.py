@@ -6,7 +6,8 @@ Routes:
     ``GET /health``, ``GET /metrics`` (Prometheus), ``POST /reset_prefix_cache`` (admin),
     ``GET /v1/cache/pins`` and ``DELETE /v1/cache/pins/{prefix_hash}`` (the caller's pins,
     :mod:`.pins_routes`), ``GET /v1/cache/info`` (served names, model fingerprint, block
-    size, KV dtype, hash seed: :mod:`.cache_info`).
+    size, KV dtype, hash seed: :mod:`.cache_info`), ``GET`` and ``DELETE
+    /v1/sessions/{session_id}`` (the caller's agent sessions, :mod:`.sessions`).
 
 Routes and exception handlers are module-level functions; what they share is
 ``request.app.state.server``, built once by :func:`create_app`.
@@ -51,6 +52,7 @@ from prefixcache.server.metrics import ServerMetrics
 from prefixcache.server.pins_routes import ROUTES as PIN_ROUTES
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.serving import OpenAIServing
+from prefixcache.server.sessions import ROUTES as SESSION_ROUTES
 from prefixcache.server.tools import choose_parser
 from prefixcache.text.tool_parsers.registry import detect_parser
 
@@ -268,4 +270,5 @@ _ROUTES = (("GET", "/health", health), ("GET", "/v1/models", models),
            ("POST", "/v1/chat/completions", chat_completions),
            ("POST", "/v1/messages", messages),
            ("GET", "/metrics", prometheus_metrics),
-           ("POST", "/reset_prefix_cache", reset_prefix_cache)) + PIN_ROUTES + INFO_ROUTES
+           ("POST", "/reset_prefix_cache", reset_prefix_cache)) + PIN_ROUTES + INFO_ROUTES + (
+    SESSION_ROUTES)

@@ -49,6 +49,7 @@ class RequestSpec:
     index: int = 0
     pin_ttl_s: float | None = None  # pin the prompt's full pages for this long (seconds)
     diagnostics: Any = None  # engine.miss_diagnostics.DiagnosticsRequest, when asked
+    session_id: str | None = None  # the tenant's agent session (cache/sessions.py)
 
 
 @dataclass(eq=False)
@@ -164,6 +165,8 @@ class AsyncEngine:
                                            else {"pin_ttl_s": s.pin_ttl_s})
                     if s.diagnostics is not None:
                         pin["diagnostics"] = s.diagnostics
+                    if s.session_id is not None:
+                        pin["session_id"] = s.session_id
                     self.engine.add_request(s.request_id, s.prompt_token_ids, s.params,
                                             prompt=s.prompt, tenant=s.tenant,
                                             cache_salt=s.cache_salt, arrival_time=s.arrival_time,

@@ -10,8 +10,9 @@ completions prompts). Messages (``/v1/messages``): the body's ``diagnostics``
 ``diagnostics.cache_miss_reason`` uses Anthropic's types where they exist
 (``system_changed``, ``tools_changed``, ``messages_changed``, ``model_changed``,
 ``previous_message_not_found``), our reason code otherwise, and carries the full
-answer under ``diagnostics.prefixcache``. The answer's keys and codes are
-:meth:`prefixcache.engine.miss_diagnostics.MissDiagnostics.diagnose`'s.
+answer under ``diagnostics.prefixcache``; a streamed Messages response carries the same
+object in its ``message_delta`` event (the last before ``message_stop``). The answer's
+keys and codes are :meth:`prefixcache.engine.miss_diagnostics.MissDiagnostics.diagnose`'s.
 """
 from __future__ import annotations
 

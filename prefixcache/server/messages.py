@@ -76,6 +76,8 @@ def translate(raw: bytes) -> tuple[ChatCompletionRequest, float | None, dict]:
         raise APIError(400, text, param=exc.param) from None
     if isinstance(body.get("cache_salt"), str):  # our extension, as on the OpenAI routes
         chat["cache_salt"] = body["cache_salt"]
+    if "session_id" in body:  # an agent session (server/sessions.py), as on OpenAI routes
+        chat["session_id"] = body["session_id"]
     if chat.get("stream"):  # usage in every chunk: message_start reports the prompt's
         chat["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     req = parse_body(ChatCompletionRequest, json.dumps(chat).encode())
@@ -110,7 +112,7 @@ async def _serve(serving: Any, raw: bytes, principal: Any, request: Request,
                               response_id=msg_id, diagnostics=ask)
     model = str(body.get("model") or "")
     if isinstance(resp, StreamingResponse):
-        resp.body_iterator = _events(resp.body_iterator, msg_id, model, ttl)
+        resp.body_iterator = _events(resp.body_iterator, msg_id, model, ttl, ask is not None)
         return resp
     if not isinstance(resp, JSONResponse):
         return resp  # 499: the client is gone
@@ -126,8 +128,8 @@ async def _serve(serving: Any, raw: bytes, principal: Any, request: Request,
     return JSONResponse(out)
 
 
-async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: float | None
-                  ) -> AsyncIterator[str]:
+async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: float | None,
+                  diagnose: bool = False) -> AsyncIterator[str]:
     """OpenAI chat chunks (SSE text, with usage in every chunk) -> Messages events.
 
     ``message_start`` waits for the first chunk: its usage has the prompt's counts
@@ -136,8 +138,10 @@ async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: fl
     final usage. Tool calls: the text block (index 0) stops, then each call is a
     ``tool_use`` block (``content_block_start`` with its id and name, its arguments as
     ``input_json_delta`` events); text after a call opens a new text block. A stream
-    that fails ends with an ``error`` event."""
+    that fails ends with an ``error`` event. With ``diagnose``, the ``message_delta``
+    event carries the cache ``diagnostics`` object (the non-streamed response's)."""
     started = False
+    diagnostics = None
     finish: str | None = None
     usage = None
     block, in_tool = 0, False  # the open content block, and whether it is a tool_use
@@ -153,6 +157,8 @@ async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: fl
                     return
                 if obj.get("usage"):
                     usage = usage_of(obj["usage"], ttl_s)
+                if diagnose and obj.get("prompt_cache_diagnostics"):
+                    diagnostics = anthropic_diagnostics(obj["prompt_cache_diagnostics"])
                 if not started and usage is not None:
                     started = True
                     yield sse.stream_start(msg_id, model, {**usage, "output_tokens": 0})
@@ -180,4 +186,5 @@ async def _events(chunks: AsyncIterable[Any], msg_id: str, model: str, ttl_s: fl
         return
     if not started:
         yield sse.stream_start(msg_id, model, usage or wire.anthropic_usage(0, 0, 0))
-    yield sse.block_stop(block) + sse.stream_end(finish, usage or wire.anthropic_usage(0, 0, 0))
+    yield sse.block_stop(block) + sse.stream_end(
+        finish, usage or wire.anthropic_usage(0, 0, 0), diagnostics)

@@ -73,6 +73,16 @@ ENGINE_COUNTERS = (
      "pins stay).", "pin_pages_demoted"),
     ("kv_pin_pages_reloaded", "Demoted pinned pages loaded back and pinned in the pool "
      "again.", "pin_pages_reloaded"),
+    ("kv_session_calls", "Requests that named an agent session.", "session_calls"),
+    ("kv_session_hits", "Session calls that read the session's kept transcript.",
+     "session_hits"),
+    ("kv_session_hit_tokens", "Prompt tokens such calls read from the cache, tokens.",
+     "session_hit_tokens"),
+    ("kv_session_pages_evicted", "Forced evictions: pages of a live session's kept "
+     "transcript evicted from the pool under pressure, pages.", "session_pages_evicted"),
+    ("kv_session_keeps_refused", "Session transcripts not kept: the pin cap was full of "
+     "other tenants' pins.", "session_keeps_refused"),
+    ("kv_sessions_closed", "Sessions closed explicitly.", "sessions_closed"),
     ("engine_steps", "Model steps run.", "steps"),
     ("engine_failed_steps", "Model steps that failed (their requests finished with an "
      "error).", "failed_steps"),
@@ -127,6 +137,10 @@ ENGINE_GAUGES = (
     ("kv_pages_cached", "Cached-free pages: published, unreferenced, evictable.",
      "pages_cached"),
     ("kv_pages_live", "Pages held by running requests.", "pages_live"),
+    ("kv_sessions_live", "Agent sessions with a running call or a kept transcript.",
+     "sessions_live"),
+    ("kv_session_pages_held", "Pool pages held for live sessions' transcripts, pages.",
+     "session_pages_held"),
     ("requests_running", "Requests admitted and running in the engine.", "requests_running"),
     ("kv_pages_global_layers_only", "Pages of running requests that no sliding-window layer "
      "reads any more, kept for the global layers (models that interleave both), pages.",

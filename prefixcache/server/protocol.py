@@ -94,6 +94,8 @@ class _SamplingFields(_Body):
     guided_whitespace_pattern: str | None = None
     guided_decoding_backend: str | None = None
     prompt_cache_diagnostics: bool | dict[str, Any] | None = None  # server/diagnostics.py
+    session_id: str | None = None  # an agent session (server/sessions.py)
+    prompt_cache_key: str | None = None  # OpenAI's name for it
 
 
 class CompletionRequest(_SamplingFields):

@@ -32,6 +32,7 @@ from prefixcache.server.protocol import (
     message_dicts,
 )
 from prefixcache.server.responses import Prepared
+from prefixcache.server.sessions import request_session
 from prefixcache.server.structured import rename_for, structured_outputs
 from prefixcache.server.tools import ToolPlan, forced_grammar, plan_tools
 from prefixcache.server.transcripts import TranscriptTokens
@@ -97,6 +98,11 @@ class RequestPreparer:
             return [(self.tokenizer.encode(x, add_special_tokens=add_special), x)
                     if isinstance(x, str) else (list(x), None) for x in raw]
 
+        session = request_session(req.session_id, req.prompt_cache_key, headers)
+        if session is not None and len(raw) > 1:
+            raise bad_request("a session's call has one prompt (a session keeps one "
+                              "transcript); send the prompts one per request",
+                              "session_id" if req.session_id is not None else "prompt")
         prompts = await self._off_loop(encode)
         for ids, _ in prompts:
             await self._validate(ids, params, rename)
@@ -106,7 +112,8 @@ class RequestPreparer:
         return Prepared("completions", f"cmpl-{uuid.uuid4().hex}", model, prompts, params,
                         bool(req.stream), *self._stream_opts(req), bool(req.echo),
                         req.logprobs, req.cache_salt, arrival, request_pin_ttl(req),
-                        diagnostics=openai_ask(req.prompt_cache_diagnostics, headers))
+                        diagnostics=openai_ask(req.prompt_cache_diagnostics, headers),
+                        session_id=session)
 
     async def chat(self, req: ChatCompletionRequest, arrival: float,
                    tenant: str | None = None, headers: Any = _NO_HEADERS) -> Prepared:
@@ -136,6 +143,7 @@ class RequestPreparer:
             raise bad_request("this model has no tokenizer, so no chat template", "messages")
         messages = message_dicts(req)
         ask = openai_ask(req.prompt_cache_diagnostics, headers)
+        session = request_session(req.session_id, req.prompt_cache_key, headers)
         if ask is not None:
             ask = replace(ask, anchors=message_anchors(messages, req.tools))
         add_gen = req.add_generation_prompt is not False
@@ -157,7 +165,7 @@ class RequestPreparer:
         return Prepared("chat", f"chatcmpl-{uuid.uuid4().hex}", model, [(ids, None)], params,
                         bool(req.stream), *self._stream_opts(req), False, top,
                         req.cache_salt, arrival, request_pin_ttl(req), plan, text, namespace,
-                        diagnostics=ask)
+                        diagnostics=ask, session_id=session)
 
     def record(self, prep: Prepared, out: RequestOutput) -> None:
         """Record a finished chat reply's transcript (:mod:`.transcripts`): the prompt's

@@ -70,6 +70,7 @@ class Prepared:
     chat_text: str | None = None               # chat: the rendered prompt text
     namespace: tuple | None = None             # chat: (tenant, cache_salt) of transcripts
     diagnostics: Any = None                    # a DiagnosticsRequest, when asked
+    session_id: str | None = None              # the tenant's agent session, if named
 
 
 class ResponseRenderer:

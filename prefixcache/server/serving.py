@@ -107,7 +107,7 @@ class OpenAIServing:
                              prompt_token_ids=ids, params=prep.params, prompt=text,
                              tenant=principal.tenant, cache_salt=prep.cache_salt,
                              arrival_time=prep.arrival, index=i, pin_ttl_s=prep.pin_ttl_s,
-                             diagnostics=prep.diagnostics)
+                             diagnostics=prep.diagnostics, session_id=prep.session_id)
                  for i, (ids, text) in enumerate(prep.prompts)]
         queue: asyncio.Queue = asyncio.Queue()
         try:

@@ -88,6 +88,20 @@ def test_evicted_from_the_pool_and_reset():
     assert (d["reason"], d["detail"]) == ("evicted", "reset")
 
 
+def test_evicted_from_the_host_tier_names_it():
+    page = 2 * 4 * BS * 4 * 32 * 4  # bytes of one page of builtin:tiny (float32)
+    for budget, expect in ((4 * page, ("evicted", "host")), (64 * page, ("none", None))):
+        llm = make(num_pages=12, host_cache_bytes=budget, tier_load_policy="always")
+        doc = ids(2, 4 * BS + 1)
+        diag(llm, doc)
+        for k in range(3, 8):  # pushed out of the pool (written back), then of the tier
+            llm.generate(p(ids(k, 4 * BS + 1)), GREEDY)
+            llm.engine.tiers.flush()
+        d = diag(llm, doc)
+        assert (d["reason"], d["detail"]) == expect
+        assert d["cached_tokens"] == (0 if expect[0] == "evicted" else 4 * BS)
+
+
 def test_admission_tenant_quota_recycles_its_own_pages():
     llm = make(num_pages=12, tenant_quota_fraction=0.5)
     doc = ids(4, 4 * BS + 1)

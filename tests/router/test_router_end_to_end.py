@@ -203,3 +203,26 @@ def test_bad_max_tokens_get_the_replicas_own_400(router, replicas):
         if path == "/v1/chat/completions":  # chat: at least 1 (0 prefills on completions)
             assert routed.json()["error"]["message"].startswith(
                 f"{param} must be at least 1 here, got {body[param]}")
+
+
+def test_a_session_stays_on_the_replica_that_served_it(router, replicas):
+    sid = f"job-{unique_prompt(1).split()[0][1:9]}"
+    before = _metrics(router)
+    served = []
+    for _ in range(4):  # unrelated prompts: only the session ties them together
+        r = _complete(router, unique_prompt(30), headers={**ALICE, "X-Session-Id": sid})
+        assert r.status_code == 200, r.text
+        served.append(int(r.headers["x-prefixcache-replica"]))
+    home = served[0]
+    assert served == [home] * 4
+    after = _metrics(router)
+    assert (labelled(after, "router_decisions_total", replica=str(home), reason="session")
+            - labelled(before, "router_decisions_total", replica=str(home),
+                       reason="session")) == 3
+    # The header reached the replica: it holds the session (alice's only).
+    info = httpx.get(f"{replicas[home].base}/v1/sessions/{sid}", headers=ALICE, timeout=60)
+    assert info.status_code == 200 and info.json()["calls"] == 4, info.text
+    assert httpx.get(f"{replicas[1 - home].base}/v1/sessions/{sid}", headers=ALICE,
+                     timeout=60).status_code == 404
+    assert httpx.get(f"{replicas[home].base}/v1/sessions/{sid}", headers=BOB,
+                     timeout=60).status_code == 404

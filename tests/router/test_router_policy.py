@@ -141,3 +141,28 @@ def test_bad_policy_and_replica_flags_name_the_parameter():
         ReplicaSpec.parse("http://h:1,evnts=tcp://h:2")
     spec = ReplicaSpec.parse("http://h:1/,events=tcp://h:2,replay=tcp://h:3")
     assert (spec.url, spec.events, spec.replay) == ("http://h:1", "tcp://h:2", "tcp://h:3")
+
+
+def test_a_session_returns_to_its_replica_unless_it_is_overloaded():
+    rs, _ = _set(2, balance_abs_tokens=100, balance_rel=1.5, decode_weight=0)
+    alice, bob = ("alice", "job"), ("bob", "job")
+    first = rs.route(_pages("a", 0, n=4), 65, BS, session=alice)
+    assert first is not None and first.decision.reason != "session"
+    home = first.decision.replica
+    rs.release(first)
+    # Unrelated prompts whose pages the other replica holds: the session still goes home.
+    other = 1 - home
+    rs.index.approximate(other, _pages("a", 1, n=4), 0.0)
+    for k in range(3):
+        r = rs.route(_pages("a", 1, n=4) + _pages("s", k, n=1), 81, BS, session=alice)
+        assert r is not None and (r.decision.replica, r.decision.reason) == (home, "session")
+        rs.release(r)
+    # The same id of another tenant is another session: routed by cost.
+    r = rs.route(_pages("b", 0, n=4), 65, BS, session=bob)
+    assert r is not None and r.decision.reason == "balance" and bob in rs.sessions
+    rs.release(r)
+    # Home overloaded (past both thresholds): the session goes elsewhere and moves there.
+    rs.loads[home].queued_tokens = 1000
+    r = rs.route(_pages("a", 2, n=4), 65, BS, session=alice)
+    assert r is not None and (r.decision.replica, r.decision.reason) == (other, "overload")
+    assert rs.sessions[alice] == other

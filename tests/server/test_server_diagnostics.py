@@ -116,6 +116,38 @@ def test_messages_use_anthropic_types(server):
     assert "diagnostics" not in plain
 
 
+def _stream_events(srv, body: dict, headers: dict) -> list[tuple[str, dict]]:
+    out = []
+    with httpx.stream("POST", f"{srv.base}/v1/messages", timeout=60, headers={
+            "authorization": "Bearer none", **headers},
+            json={"model": "tiny", "max_tokens": 2, "stream": True, **body}) as r:
+        assert r.status_code == 200
+        event = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                out.append((event, json.loads(line[6:])))
+    return out
+
+
+def test_messages_streams_carry_diagnostics_in_message_delta(server):
+    body = {"system": unique_prompt(30), "messages": [{"role": "user", "content": "Hi."}]}
+    first = _messages(server, body, BETA)
+    events = _stream_events(server, {**body, "system": "Now: " + body["system"],
+                                     "diagnostics": {"previous_message_id": first["id"]}}, {})
+    names = [e for e, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    delta = events[-2][1]
+    reason = delta["diagnostics"]["cache_miss_reason"]
+    assert reason["type"] == "system_changed"
+    assert reason["cache_missed_input_tokens"] == events[0][1]["message"]["usage"][
+        "input_tokens"] - delta["diagnostics"]["prefixcache"]["cached_tokens"]
+    assert delta["diagnostics"]["prefixcache"]["compared_with"] == first["id"]
+    plain = _stream_events(server, body, {})
+    assert "diagnostics" not in plain[-2][1] and plain[-2][0] == "message_delta"
+
+
 def test_another_tenants_response_is_not_found_like_an_unknown_id(tenant_server):
     alice, bob = _client(tenant_server, "sk-alice"), _client(tenant_server, "sk-bob")
     prompt = unique_prompt(40)
