@@ -39,7 +39,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from prefixcache.router.index import PageIndex  # noqa: E402
-from prefixcache.router.policy import Policy, ReplicaLoad  # noqa: E402
+from prefixcache.router.policy import (  # noqa: E402
+    DEFAULT_BALANCE_ABS_TOKENS,
+    DEFAULT_BALANCE_REL,
+    Policy,
+    ReplicaLoad,
+)
 
 BLOCK = 512
 TRACES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
@@ -98,7 +103,7 @@ def simulate(reqs: list[dict], policy: str, n: int, args: argparse.Namespace) ->
     pools = [LRUPool(args.pool_blocks) for _ in range(n)]
     backlog = [0.0] * n  # seconds of queued work
     index = PageIndex(max_pages=1 << 22, approx_ttl_s=1e12)
-    pol = Policy()
+    pol = Policy(balance_abs_tokens=args.balance_abs_tokens, balance_rel=args.balance_rel)
     l4: OrderedDict[int, None] = OrderedDict()
     t_last = 0.0
     ttft, imbalance = [], []
@@ -234,6 +239,11 @@ def main() -> int:
     p.add_argument("--prefill-tok-s", type=float, default=602.0)
     p.add_argument("--load-tok-s", type=float, default=6020.0)
     p.add_argument("--util", type=float, default=0.7)
+    p.add_argument("--balance-abs-tokens", type=int, default=DEFAULT_BALANCE_ABS_TOKENS,
+                   help="the cache_aware policies' balance_abs_tokens")
+    p.add_argument("--balance-rel", type=float, default=DEFAULT_BALANCE_REL,
+                   help="the cache_aware policies' balance_rel")
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     p.add_argument("--limit", type=int, default=None, help="first N requests only")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "router"))
     p.add_argument("--report-only", action="store_true",
@@ -250,7 +260,7 @@ def main() -> int:
     reqs = load_trace(args.trace)[:args.limit]
     rows = []
     for n in args.replicas:
-        for pol in POLICIES:
+        for pol in args.policies:
             t0 = time.perf_counter()
             row = simulate(reqs, pol, n, args)
             row["sim_s"] = round(time.perf_counter() - t0, 2)
