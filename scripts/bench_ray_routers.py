@@ -80,7 +80,7 @@ def main() -> int:
             for router in order:
                 t0 = time.perf_counter()
                 app = build_application(
-                    EngineConfig(model=args.model),
+                    EngineConfig(model=args.model, compute_backend="torch"),
                     ServerSettings(model_names=[args.model], model_root=args.model),
                     DeploySettings(replicas=2, router=router, cpus_per_replica=1))
                 serve.delete("prefixcache")
