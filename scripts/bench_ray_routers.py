@@ -44,6 +44,9 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-prompt-tokens", type=int, default=3000)
     p.add_argument("--out", type=Path, default=Path("/tmp/bench_ray_routers.json"))
+    p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
+    p.add_argument("--balance-abs-tokens", type=int, default=None,
+                   help="our router's balance_abs_tokens (default: the router's)")
     args = p.parse_args()
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -74,15 +77,19 @@ def main() -> int:
              _node_ip_address="127.0.0.1")
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     rows = []
+    kwargs = ({} if args.balance_abs_tokens is None
+              else {"balance_abs_tokens": args.balance_abs_tokens})
     try:
         for rnd in range(args.rounds):
-            order = ROUTERS[rnd % 3:] + ROUTERS[:rnd % 3]
+            k = rnd % len(args.routers)
+            order = args.routers[k:] + args.routers[:k]
             for router in order:
                 t0 = time.perf_counter()
                 app = build_application(
                     EngineConfig(model=args.model, compute_backend="torch"),
                     ServerSettings(model_names=[args.model], model_root=args.model),
-                    DeploySettings(replicas=2, router=router, cpus_per_replica=1))
+                    DeploySettings(replicas=2, router=router, cpus_per_replica=1,
+                                   router_kwargs=kwargs if router == "prefixcache" else {}))
                 serve.delete("prefixcache")
                 serve.run(app, name="prefixcache", route_prefix="/")
                 print(f"round {rnd} {router}: deployed in {time.perf_counter() - t0:.0f}s",
