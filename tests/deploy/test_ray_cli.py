@@ -24,12 +24,19 @@ def test_flags_reach_the_application():
     assert opts._deployment_config.num_replicas == 3
     assert opts.ray_actor_options["num_cpus"] == 0.5
     assert engine._bound_deployment.init_args[2] is False  # no KV events without our router
+    ours = build(_args("--balance-abs-tokens", "65536"))._bound_deployment.init_args[0]
+    cfg = ours._bound_deployment._deployment_config.request_router_config
+    assert cfg.request_router_kwargs == {"balance_abs_tokens": 65536}
+    assert ours._bound_deployment.init_args[2] is True
 
 
 def test_bad_values_are_refused_by_name(capsys):
     assert main(["deploy-ray", "--model", "builtin:tiny", "--replicas", "2",
                  "--autoscale-max-replicas", "1"]) == 2
     assert "--autoscale-max-replicas" in capsys.readouterr().err
+    assert main(["deploy-ray", "--model", "builtin:tiny", "--request-router", "pow2",
+                 "--balance-rel", "2"]) == 2
+    assert "--balance-rel" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _args("--request-router", "random")
     assert "--request-router" in capsys.readouterr().err

@@ -41,6 +41,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="prefixcache: our policy over the KV-event page index; "
                         "prefix_affinity: Ray's PrefixCacheAffinityRouter; pow2: Ray's "
                         "default power-of-two choices")
+    p.add_argument("--balance-abs-tokens", type=int, default=None, metavar="TOKENS",
+                   help="our router's balance threshold, tokens (as `prefixcache router`; "
+                        "default: the router's)")
+    p.add_argument("--balance-rel", type=float, default=None, metavar="RATIO",
+                   help="our router's relative balance threshold (default: the router's)")
     p.add_argument("--cpus-per-replica", type=float, default=1.0,
                    help="Ray CPUs reserved per engine replica")
     p.add_argument("--max-ongoing-requests", type=int, default=64,
@@ -89,7 +94,13 @@ def build(args: argparse.Namespace):
         autoscaling = {"min_replicas": args.replicas,
                        "max_replicas": args.autoscale_max_replicas,
                        "target_ongoing_requests": args.autoscale_target_ongoing}
+    kwargs = {k: v for k, v in (("balance_abs_tokens", args.balance_abs_tokens),
+                                ("balance_rel", args.balance_rel)) if v is not None}
+    if kwargs and args.request_router != "prefixcache":
+        raise ValueError("--balance-abs-tokens and --balance-rel apply to "
+                         "--request-router prefixcache only")
     deploy = DeploySettings(replicas=args.replicas, router=args.request_router,
+                            router_kwargs=kwargs,
                             cpus_per_replica=args.cpus_per_replica,
                             max_ongoing_requests=args.max_ongoing_requests,
                             autoscaling=autoscaling)
