@@ -132,3 +132,20 @@ def test_unknown_router_arguments_are_refused_by_name():
         _router(balance_abs=3)
     with pytest.raises(ValueError, match="balance_rel"):
         _router(balance_rel=0.5)
+
+
+def test_a_burst_ranked_before_any_is_sent_is_spread_and_predicted():
+    router = _router(balance_abs_tokens=256, balance_rel=1.5)
+    replicas = [FakeReplica("a"), FakeReplica("b")]
+    system = _pages("burst", n=32)
+    pendings = [_pending(system + _pages("q", u, n=2), 34 * BS + 5, f"b{u}")
+                for u in range(6)]
+    firsts = [asyncio.run(router.choose_replicas(replicas, p))[0][0] for p in pendings]
+    assert sorted(r.unique_id for r in firsts) == ["a", "a", "a", "b", "b", "b"]
+    for p, r in zip(pendings, firsts):
+        router.on_request_routed(p, r.replica_id, None)
+    assert sorted(p.args[0].predicted.hit_tokens for p in pendings) == [0, 0] + [512] * 4
+    for p, r in zip(pendings, firsts):
+        router.on_request_completed(r.replica_id, p.metadata.internal_request_id)
+    assert all(load.running == 0 and load.queued_tokens == 0
+               for load in router.loads.values())

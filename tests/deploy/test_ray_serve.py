@@ -100,10 +100,10 @@ def test_a_shared_system_prompt_is_spread_over_both_replicas(cluster):
         assert r.status_code == 200, r.text
         seen[r.headers[REPLICA_HEADER]] = seen.get(r.headers[REPLICA_HEADER], 0) + 1
     assert len(seen) == 2 and max(seen.values()) <= 6  # no monopoly
-    # each replica's first request there is a miss; Ray routes queued requests
-    # concurrently, so how many later ones saw an earlier placement depends on timing
+    # each replica's first request there is a miss, every later one a predicted hit
+    # (a burst is counted as it is ranked, before Ray sends any of it)
     predicted = sorted(int(r.headers[PREDICTED_HEADER]) for r in answers)
-    assert predicted[:2] == [0, 0] and predicted[-1] > 0
+    assert predicted[:2] == [0, 0] and all(p > 0 for p in predicted[2:])
     assert sum(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
                for r in answers) >= 1
     repeat = ask(0)  # now both replicas hold it: a repeat hits wherever it goes

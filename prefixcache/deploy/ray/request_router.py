@@ -24,9 +24,10 @@ the old slot is cleared as soon as Ray reports the death or drops the replica fr
 set. A new incarnation in a stream clears the slot too (the event stream's rule).
 
 Load (router-side counts, as in ``prefixcache router``): a request counts its tokens to
-prefill and one running request on its replica from the moment Ray sends it until Ray
-reports it completed (Ray gives no prefill-done signal, so queued tokens stay counted
-until the request ends).
+prefill and one running request on its first-ranked replica from the moment it is
+ranked (Ray may rank a whole burst before sending any of it), moved to the replica Ray
+sends it to, until Ray reports it completed (Ray gives no prefill-done signal, so
+queued tokens stay counted until the request ends).
 """
 from __future__ import annotations
 
@@ -202,10 +203,34 @@ class PrefixCacheRouter(RequestRouter):
             return []
         by_slot = {self._watch(r): r for r in candidate_replicas}
         request = request_of(pending_request)
-        order, hits = self.rank(request, list(by_slot), time.monotonic())
+        now = time.monotonic()
+        order, hits = self.rank(request, list(by_slot), now)
         if pending_request is not None and request is not None:
-            self._hits[pending_request.metadata.internal_request_id] = hits
+            rid = pending_request.metadata.internal_request_id
+            self._hits[rid] = hits
+            # Ray may route a burst's requests before any of them is sent: the first
+            # choice is counted at once (load and approximate entries), and moved to
+            # the replica Ray sends it to, if another (on_request_routed)
+            self._reserve(rid, request, order[0], hits.get(order[0], 0), now)
         return [[by_slot[s]] for s in order]
+
+    def _reserve(self, rid: str, request: ReplicaRequest, slot: int, hit: int,
+                 now: float) -> None:
+        self._release(rid)
+        queued = max(0, request.prompt_tokens - hit)
+        load = self.loads[slot]
+        load.queued_tokens += queued
+        load.running += 1
+        self._placed[rid] = _Placed(slot, queued)
+        with self.lock:
+            self.index.approximate(slot, request.page_hashes, now)
+
+    def _release(self, rid: str) -> None:
+        placed = self._placed.pop(rid, None)
+        if placed is not None:
+            load = self.loads[placed.slot]
+            load.queued_tokens -= placed.queued_tokens
+            load.running -= 1
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
@@ -215,22 +240,12 @@ class PrefixCacheRouter(RequestRouter):
         rid = pending_request.metadata.internal_request_id
         slot = self._slot(replica_id)
         hit = self._hits.pop(rid, {}).get(slot, 0)
-        queued = max(0, request.prompt_tokens - hit)
-        load = self.loads[slot]
-        load.queued_tokens += queued
-        load.running += 1
-        self._placed[rid] = _Placed(slot, queued)
-        with self.lock:
-            self.index.approximate(slot, request.page_hashes, time.monotonic())
-        cold = hit == 0
+        placed = self._placed.get(rid)
+        if placed is None or placed.slot != slot:
+            self._reserve(rid, request, slot, hit, time.monotonic())
         request.predicted = Prediction(replica_id.unique_id, hit,
-                                       "balance" if cold else "cache")
+                                       "balance" if hit == 0 else "cache")
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         self._hits.pop(internal_request_id, None)
-        placed = self._placed.pop(internal_request_id, None)
-        if placed is None:
-            return
-        load = self.loads[placed.slot]
-        load.queued_tokens -= placed.queued_tokens
-        load.running -= 1
+        self._release(internal_request_id)
