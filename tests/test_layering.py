@@ -1,12 +1,12 @@
 """DESIGN's layering, read from the import graph of the package's source.
 
 Imports go one way: the front ends (``cli.py``, ``server/``, ``router/``, ``gateway/``,
-``bench/``, ``analyze/``) -> ``engine/`` -> ``model/``, ``text/``, ``cache/`` -> the small
-shared modules (``config``, ``outputs``, ``sampling_params``, ``paths``); ``http/`` (what
-the HTTP front ends share) sits below the front ends and imports only the shared modules.
-Nothing imports upward, no two modules import each other (directly or through a longer
-cycle), and no module imports the root package (its ``__init__`` re-exports the offline
-API for users only).
+``bench/``, ``analyze/``, ``deploy/``) -> ``engine/`` -> ``model/``, ``text/``, ``cache/`` ->
+the small shared modules (``config``, ``outputs``, ``sampling_params``, ``paths``); ``http/``
+(what the HTTP front ends share) sits below the front ends and imports only the shared
+modules. Nothing imports upward, no two modules import each other (directly or through a
+longer cycle), and no module imports the root package (its ``__init__`` re-exports the
+offline API for users only).
 Lazy imports inside functions count like top-level ones.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "prefixcache"
 
 SHARED = {"config", "outputs", "sampling_params", "paths", "errors", "progress"}
-FRONT = {"cli", "server", "router", "gateway", "bench", "analyze", "__main__"}
+FRONT = {"cli", "server", "router", "gateway", "bench", "analyze", "deploy", "__main__"}
 # package -> packages it may import besides itself and the shared modules
 ALLOWED: dict[str, set[str]] = {
     "http": set(),  # below the HTTP front ends, above nothing: no engine, model or cache
@@ -33,6 +33,9 @@ SHARED_MAY_IMPORT: set[str] = set()  # the shared modules import no package
 # runner are ``http/``'s, which every front end may import.
 FRONT_MAY_IMPORT: dict[str, set[str]] = {
     "bench": {"server"},
+    # the Ray Serve application runs the server's app in each replica and the router's
+    # policy and index in its request router
+    "deploy": {"server", "router"},
     "gateway": {"analyze", "server"},
     "router": {"server"},  # the request preparer: it hashes like the engines
 }

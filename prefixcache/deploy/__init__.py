@@ -1,0 +1,1 @@
+"""Running prefixcache on an existing distributed serving engine (Ray Serve: :mod:`.ray`)."""
