@@ -35,7 +35,7 @@ lint: $(BIN)/prefixcache
 
 # the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link fails
 docs: $(BIN)/prefixcache
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(BIN)/prefixcache
 	$(BIN)/prefixcache bench --workload all --out benchmarks
