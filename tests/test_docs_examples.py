@@ -25,6 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 BLOCK_TIMEOUT_S = 600  # generous: a loaded machine may first build the CPU kernels
+MARK = re.compile(r"^<!-- runnable -->$", re.MULTILINE)  # a line of its own
 RUNNERS = {"python": [sys.executable], "bash": ["bash", "-e"]}
 BLOCK = re.compile(
     r"^<!-- runnable -->\n```(\w+)\n(.*?)^```\n"
@@ -40,7 +41,7 @@ class Runnable:
 
 def runnable_blocks(text: str) -> list[Runnable]:
     """The runnable blocks of a page's Markdown, in order, with their expected output."""
-    marked = text.count("<!-- runnable -->")
+    marked = len(MARK.findall(text))
     found = [Runnable(lang, code, out) for lang, code, out in BLOCK.findall(text + "\n")]
     assert len(found) == marked, "a <!-- runnable --> line is not right before a fence"
     for block in found:
@@ -50,7 +51,7 @@ def runnable_blocks(text: str) -> list[Runnable]:
 
 
 def pages() -> list[Path]:
-    return sorted(p for p in DOCS.rglob("*.md") if "<!-- runnable -->" in p.read_text())
+    return sorted(p for p in DOCS.rglob("*.md") if MARK.search(p.read_text()))
 
 
 def free_port() -> int:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -29,8 +31,16 @@ def test_docs_site_builds_strict(tmp_path):
         assert html.is_file(), page
 
 
+def nav_pages(node) -> list[str]:
+    """Every page path of a (parsed) mkdocs nav."""
+    if isinstance(node, str):
+        return [node]
+    items = node.values() if isinstance(node, dict) else node
+    return [page for item in items for page in nav_pages(item)]
+
+
 def test_every_docs_page_is_in_the_nav():
-    config = (REPO / "mkdocs.yml").read_text()
-    for p in (REPO / "docs").rglob("*.md"):
-        rel = p.relative_to(REPO / "docs").as_posix()
-        assert rel in config, f"{rel} is not in mkdocs.yml's nav"
+    nav = nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    assert len(nav) == len(set(nav)), "a page is listed twice"
+    pages = {p.relative_to(REPO / "docs").as_posix() for p in (REPO / "docs").rglob("*.md")}
+    assert pages == set(nav), (sorted(pages - set(nav)), sorted(set(nav) - pages))
