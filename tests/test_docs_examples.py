@@ -5,8 +5,10 @@ an ``<!-- output -->`` block right after it is the exact text it must print (the
 convention is described in ``docs/contributing.md``). A page's runnable blocks run in page
 order in one temporary folder: ``python`` blocks with this interpreter (the project's
 venv), ``bash`` blocks with ``bash -e``, each in a process group of its own, with the
-venv's ``bin/`` first on ``PATH``. Port 8000 in a page's blocks becomes a free port, and
-every process a page started (a server sent to the background) is stopped at its end.
+venv's ``bin/`` first on ``PATH`` and the CPU kernels off (``PREFIXCACHE_CPU_KERNELS=0``:
+the printed figures do not depend on the backend). Port 8000 in a page's blocks becomes a
+free port, and every process a page started (a server sent to the background) is stopped
+at its end.
 """
 from __future__ import annotations
 
@@ -108,6 +110,9 @@ def test_docs_page_runs(page: Path, tmp_path):
     port = str(free_port())
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
            f"{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1",
+           # torch ops, not the C++ kernels (their exactness is tested elsewhere): the
+           # examples never wait for a kernel build
+           "PREFIXCACHE_CPU_KERNELS": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
                                                        os.environ.get("PYTHONPATH")]))}
     groups: list[int] = []
