@@ -38,7 +38,7 @@ docs: $(BIN)/prefixcache
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(BIN)/prefixcache
-	$(BIN)/prefixcache bench --workload all --out benchmarks
+	$(BIN)/prefixcache bench --workload all --out benchmarks/serving/latest
 
 peers:
 	bash scripts/install_peers.sh

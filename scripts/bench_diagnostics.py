@@ -8,7 +8,7 @@ process CPU time is read around ``--calls`` diagnoses, repeated ``--rounds`` tim
 median and spread are printed and written. A request that does not ask does none of this
 (``diag_requests`` stays 0, checked by the tests).
 
-    python scripts/bench_diagnostics.py --rounds 5 --out benchmarks/diagnostics
+    python scripts/bench_diagnostics.py --rounds 5 --out benchmarks/diagnostics/raw
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ again: exact repeats), ``paraphrase`` (each last user turn reworded: layer 1 mis
 upstream prefix still hits). Every repeat uses fresh gateways and a new tenant, so the
 engine's pages of one repeat never serve another.
 
-    python scripts/bench_gateway.py --repeats 3 --out benchmarks/gateway
+    python scripts/bench_gateway.py --repeats 3 --out benchmarks/gateway/raw
 """
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--conversations", type=int, default=8, help="per dataset")
     p.add_argument("--turns", type=int, default=5, help="user turns per conversation")
-    p.add_argument("--out", default="benchmarks/gateway")
+    p.add_argument("--out", default="benchmarks/gateway/raw")
     p.add_argument("--semantic", action="store_true",
                    help="layer 2 on for the engine runs (needs prefixcache.gateway.semantic)")
     args = p.parse_args()

@@ -14,7 +14,7 @@ Reported per round: the tier ``list_pins`` shows before the request, its
 ``cached_tokens``, the tokens loaded from host RAM, the prefill tokens computed (work
 counts), and its TTFT.
 
-    python scripts/bench_pin_tiers.py --rounds 6 --out benchmarks/pin_tiers
+    python scripts/bench_pin_tiers.py --rounds 6 --out benchmarks/tiers/raw/pin_tiers
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def summary(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/pin_tiers"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/tiers/raw/pin_tiers"))
     args = ap.parse_args()
     arms = run(args.rounds)
     for arm in arms.values():

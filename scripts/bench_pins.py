@@ -12,7 +12,7 @@ side by side (two engines, rounds interleaved A/B) and repeated:
    ``a`` floods with 6 cold prompts per round; then ``b`` asks about its document.
    With ``tenant_quota_fraction=0.5`` against none.
 
-    python scripts/bench_pins.py --rounds 6 --out benchmarks/pins
+    python scripts/bench_pins.py --rounds 6 --out benchmarks/pins/raw
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/pins"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/pins/raw"))
     args = ap.parse_args()
     exps = {"system prompt after a flood": pin_experiment(args.rounds),
             "tenant b's document after a's flood": quota_experiment(args.rounds)}

@@ -1,7 +1,7 @@
 """Online: 2 replicas (1 compute thread each) behind the router, with and without Redis.
 
     python scripts/bench_router_online.py [--model builtin:tiny] [--rounds 2]
-        [--concurrency 4] [--out benchmarks/router]
+        [--concurrency 4] [--out benchmarks/router/raw]
 
 Configurations: ``round_robin`` (router --policy round_robin), ``cache_aware``, each also
 ``+redis`` (replicas with ``--kv-store``). Each run starts a fresh redis-server,
@@ -184,7 +184,7 @@ def main() -> int:
     p.add_argument("--num-pages", type=int, default=1024, help="each replica's KV pool")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "router"))
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "router" / "raw"))
     args = p.parse_args()
     args.model_name = args.model_name or args.model
     rows = []

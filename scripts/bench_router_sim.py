@@ -2,7 +2,7 @@
 
     python scripts/bench_router_sim.py [--trace conversation] [--replicas 4 8 16 32]
         [--pool-blocks 4000] [--prefill-tok-s 602] [--load-tok-s 6020] [--util 0.7]
-        [--out benchmarks/router]
+        [--out benchmarks/router/raw]
 
 Each simulated replica is a FIFO prefill queue with an LRU pool of ``--pool-blocks``
 512-token blocks (the traces' hash ids are chained prefix blocks). A request's TTFT is its
@@ -204,7 +204,7 @@ def main() -> int:
     p.add_argument("--load-tok-s", type=float, default=6020.0)
     p.add_argument("--util", type=float, default=0.7)
     p.add_argument("--limit", type=int, default=None, help="first N requests only")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "router"))
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "router" / "raw"))
     p.add_argument("--report-only", action="store_true",
                    help="rewrite the markdown and plot from the saved JSON")
     args = p.parse_args()

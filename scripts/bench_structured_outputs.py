@@ -11,7 +11,7 @@ compile time of the grammars.
 * ``mask``: the per-step work the grammar adds, alone: filling one request's bitmask and
   applying it to one row of logits (``--mask-reps`` repetitions).
 
-    python scripts/bench_structured_outputs.py --rounds 5 --out benchmarks/structured_outputs
+    python scripts/bench_structured_outputs.py --rounds 5 --out benchmarks/structured_outputs/raw
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@
 4. Integrity: faults injected into disk reads against failures detected, and outputs
    against the cold run.
 
-Usage: ``python scripts/bench_tiers.py --out benchmarks/tiers`` (see ``--help``).
+Usage: ``python scripts/bench_tiers.py --out benchmarks/tiers/raw/tiers`` (see ``--help``).
 """
 from __future__ import annotations
 
@@ -281,7 +281,7 @@ def render(res: dict[str, Any], out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct-q4_1")
-    ap.add_argument("--out", default="benchmarks/tiers")
+    ap.add_argument("--out", default="benchmarks/tiers/raw/tiers")
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8000])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sessions", type=int, default=6)

@@ -1,5 +1,5 @@
 """Cold and warm TTFT at concurrency 1 through two or more OpenAI-compatible servers,
-interleaved (issue 13, goal 5).
+interleaved.
 
 Each trial draws a fresh random prompt of ``--tokens`` token ids (nothing of it is cached
 anywhere), then, server by server in an order that alternates between trials:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CUDA checks on one GPU, in under 8 minutes: the CUDA tests, then a short decode bench.
 #
-#   bash scripts/device_check.sh            # results under ${OUT:-benchmarks/speed}
+#   bash scripts/device_check.sh            # results under ${OUT:-benchmarks/decode/raw}
 #
 # Skips cleanly (exit 0, one line saying so) when torch sees no CUDA device. Uses
 # $PYTHON, else .venv/bin/python, else python3. The bench uses the default model when
@@ -13,7 +13,7 @@ PY=${PYTHON:-}
 if [[ -z "$PY" ]]; then
   if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
 fi
-OUT_DIR=${OUT:-benchmarks/speed}
+OUT_DIR=${OUT:-benchmarks/decode/raw}
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)'; then
   echo "device_check: no CUDA device visible to torch ($PY): skipped"
   exit 0

@@ -1,6 +1,6 @@
 """Whole model steps with the CPU kernels against torch ops only, the kernels built for this
 CPU or for AVX2 only: how they run on a CPU without AVX-512, measured on one that has it
-(benchmarks/speed/avx2_kernels/RESULTS.md).
+(benchmarks/decode/RESULTS.md).
 
     python scripts/kernel_isa_ab.py MODEL_DIR [--avx2] [--repeats 5]
 

@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 python scripts/semantic_calibrate.py [--pairs 2000] [--threads 1]
 
-Writes benchmarks/semantic_cache/calibration.json, calibration.png and README.md: precision,
+Writes benchmarks/gateway/raw/semantic/ calibration.json, calibration.png and README.md: precision,
 recall, F1 and false-hit rate with 95% intervals at thresholds 0.70..0.98, with and without
 the second check; hits per kind on the near-miss set; per-lookup timings.
 """
@@ -25,7 +25,7 @@ from prefixcache.gateway.semantic.verify import LexicalVerifier
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "qqp_pairs" / "pairs.jsonl"
-OUT = ROOT / "benchmarks" / "semantic_cache"
+OUT = ROOT / "benchmarks" / "gateway" / "raw" / "semantic"
 THRESHOLDS = [round(0.70 + 0.01 * i, 2) for i in range(29)]
 
 

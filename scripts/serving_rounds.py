@@ -3,7 +3,7 @@ peer and round, rounds alternating which peer goes first) into one table: per wo
 each metric's median over rounds for both peers and the per-round ratio (median, min-max).
 
     python scripts/serving_rounds.py --ours prefixcache --peer vllm \\
-        --out benchmarks/issue13_serving_rounds/ROUNDS.md DIR [DIR ...]
+        --out benchmarks/serving/raw/ROUNDS.md DIR [DIR ...]
 
 Each ``DIR`` holds one run's ``results.jsonl`` (its peer and round are read from it and
 from the directory name, ``r<round>-<peer>``).

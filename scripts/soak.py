@@ -16,7 +16,7 @@ the end of warm-up (``--warmup-s``), the highest and last RSS after it, their di
 (the band), the least-squares slope of RSS after warm-up (MiB/min), pages live after the
 load and whether the pool is whole; the RSS series goes to the JSON.
 
-    python scripts/soak.py --duration-s 600 --concurrency 16 64 --out benchmarks/soak
+    python scripts/soak.py --duration-s 600 --concurrency 16 64 --out benchmarks/soak/raw
 """
 from __future__ import annotations
 

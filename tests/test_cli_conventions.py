@@ -1,4 +1,4 @@
-"""The command line's conventions (issue 18): no abbreviated flags, the subcommand's usage
+"""The command line's conventions: no abbreviated flags, the subcommand's usage
 and the closest flag for a typo, defaults in every flag's help, the top-level help,
 ``--version``, ``python -m prefixcache`` and a quiet Ctrl-C."""
 from __future__ import annotations

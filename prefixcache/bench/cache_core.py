@@ -329,7 +329,8 @@ def to_markdown(result: dict) -> str:
     parts.append(f"Machine: {mach['cpus']} CPUs ({mach['machine']}), Python {mach['python']}; "
                  f"1-minute load average {load_txt} (start → end; other sessions share it). "
                  "Regenerate with `prefixcache bench-cache all --runs 15 --json "
-                 "benchmarks/cache_core.json --markdown benchmarks/cache_core.md`.")
+                 "benchmarks/cache_core/raw/cache_core.json "
+                 "--markdown benchmarks/cache_core/RESULTS.md`.")
     if "mooncake" in result:
         m = result["mooncake"]
         parts += ["", "## Mooncake conversation trace replay", "",

@@ -204,7 +204,8 @@ def run(args) -> int:
     print()
     print(report.markdown_table(result.summaries, result.failed))
     print(report.errors_table(result.summaries))
-    print(report.goals_table(report.goals(result.summaries, result.failed)))
+    if len({s["peer"] for s in result.summaries}) > 1:
+        print(report.ratios_table(result.summaries))
     if args.out:
         # the report covers every run under OUT/runs, so peers run separately accumulate
         (args.out / "runs").mkdir(parents=True, exist_ok=True)

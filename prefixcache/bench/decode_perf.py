@@ -1,4 +1,4 @@
-"""``prefixcache bench-engine --suite decode``: decode speed on one model (issue 13).
+"""``prefixcache bench-engine --suite decode``: decode speed on one model.
 
 Four measurements, each interleaved (A, B, A, B, ...) with ``repeats`` rounds after a
 warm-up; the median and the spread (min-max) are reported:

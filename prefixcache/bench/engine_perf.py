@@ -2,19 +2,19 @@
 
 Suites (``--suite``, repeatable; default all):
 
-* ``prefill`` (issue 3): on a ~60M Llama (hidden 512, 8 layers, 8 heads, 4 KV heads,
+* ``prefill``: on a ~60M Llama (hidden 512, 8 layers, 8 heads, 4 KV heads,
   intermediate 1408, vocab 32000, random weights), the cold prefill of 2,048 tokens, ours
   (TTFT of a ``max_tokens=1`` request, prefix caching off) against transformers' forward
   of the same tokens (all logits, and ``logits_to_keep=1``); and the TTFT of a request
   whose first 1,984 tokens are cached against transformers' forward of its 64 new tokens
   over a precomputed cache (``DynamicCache``, cropped back after each run).
-* ``cold-burst`` (issue 6): 8 identical cold 2,048-token requests at once against one
+* ``cold-burst``: 8 identical cold 2,048-token requests at once against one
   alone: prefill tokens computed and time until the last first token, as ratios.
-* ``decode`` (issue 13): TPOT against context for 1 and 8 sequences (ours, transformers
+* ``decode``: TPOT against context for 1 and 8 sequences (ours, transformers
   with and without its KV cache), the engine's per-step host overhead breakdown, the
   single-sequence step against the weight-bandwidth bound; see
   :mod:`prefixcache.bench.decode_perf`. Writes ``tpot_vs_context.png`` beside the JSON.
-* ``deterministic`` (issue 6): throughput of a mixed workload with ``deterministic=True``
+* ``deterministic``: throughput of a mixed workload with ``deterministic=True``
   against the default mode, and the largest |Δ logit| between a warm and a cold run in the
   default mode (exactly 0 in deterministic mode).
 
@@ -248,7 +248,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="measurements per figure (runs)")
     p.add_argument("--model-cache", default=str(Path.home() / ".cache" / "prefixcache"),
                    help="where the random benchmark model is saved once")
-    p.add_argument("--out", default="benchmarks", help="directory for engine.json / engine.md")
+    p.add_argument("--out", default="benchmarks/decode/raw",
+                   help="directory for engine.json / engine.md")
     return p
 
 

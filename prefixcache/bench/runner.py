@@ -34,8 +34,8 @@ BENCH_MODEL = "bench"  # the random-weight Llama of bench_model.py (still select
 def default_threads() -> int:
     """All CPUs but one: the spare core runs the HTTP front ends, the bench's client and
     the OS, as vLLM-CPU reserves one core for its front end by default. Compute threads
-    that share their cores with other busy threads spin at every barrier: on 2 cores,
-    2 threads next to one other busy process made a decode step 18x slower."""
+    that share their cores with other busy threads spin at every barrier, which makes
+    every step many times slower."""
     return max(1, (os.cpu_count() or 2) - 1)
 
 

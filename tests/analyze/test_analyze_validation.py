@@ -1,6 +1,6 @@
 """The replay against DeepSeek's recorded prefix-cache hits (shared mini-swe-agent runs).
 
-See benchmarks/analyze_deepseek.md for the figures and the causes of the difference.
+See benchmarks/analyze/RESULTS.md for the figures and the causes of the difference.
 """
 import pytest
 

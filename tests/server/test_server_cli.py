@@ -1,4 +1,4 @@
-"""``prefixcache serve``'s command line (issue 18): the default model and served name, the
+"""``prefixcache serve``'s command line: the default model and served name, the
 full ``--model`` string accepted as an alias, and a busy port found before the model
 loads."""
 from __future__ import annotations

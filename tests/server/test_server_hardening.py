@@ -1,4 +1,4 @@
-"""Server hardening (issue 11), against the live servers: a client gone mid-body, log
+"""Server hardening, against the live servers: a client gone mid-body, log
 forging and flooding, stop caps, body size, never-admissible requests, cross-site
 requests and half-open connections."""
 from __future__ import annotations

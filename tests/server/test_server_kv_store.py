@@ -1,4 +1,4 @@
-"""Done when (issue 15): two ``prefixcache serve`` replicas sharing one redis-server; a
+"""Done when: two ``prefixcache serve`` replicas sharing one redis-server; a
 prompt cold on replica A is a hit on replica B, and not for another tenant on B. The
 shared tier going away degrades /health's ``kv_store``, never a request."""
 from __future__ import annotations

@@ -22,7 +22,7 @@ from prefixcache.gateway.semantic.index import Entry, ScopedIndex
 from prefixcache.gateway.semantic.redis_store import RedisEntryStore
 from prefixcache.gateway.semantic.verify import LexicalVerifier, Verifier
 
-# Strict: chosen on qqp_pairs with the second check (benchmarks/semantic_cache/README.md),
+# Strict: chosen on qqp_pairs with the second check (benchmarks/gateway/RESULTS.md),
 # where the false-hit rate falls below 2% while precision stays flat from 0.88 up.
 DEFAULT_THRESHOLD = 0.95
 RECENT_VECTORS = 256  # texts whose vectors are kept between a lookup and its store

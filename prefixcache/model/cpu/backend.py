@@ -32,9 +32,8 @@ from prefixcache.model.kv_pool import KVPool
 log = logging.getLogger(__name__)
 
 # A chunk after a cached prefix uses prefix_split_attention when new tokens x prefix tokens
-# reach this: below it one masked call is faster (16 new over 512: 0.26 against 0.33 ms per
-# layer; 40 over 520: 0.64 against 0.89 ms; equal at 64 over 1k; the split is 1.2x faster at
-# 128 over 2k and 1.33x at 64 over 6k; 1 thread)
+# reach this: below it one masked call is faster, above it the split (the crossover is in
+# benchmarks/decode/RESULTS.md)
 SPLIT_MIN_WORK = 1 << 16
 SWITCHES = ("decode_kernel", "prefill_kernel", "fused_ops", "small_gemm", "split_prefix",
             "huge_pages", "pack")
@@ -201,9 +200,8 @@ def prefix_split_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: to
     flash calls merged by their log-sum-exp instead of one call with a ``[q_len, ctx]``
     mask: every query sees the whole prefix (no mask; the query heads of one KV head
     become rows of one call, so no grouped-query expansion) and the chunk's own keys
-    causally. 1.27-1.47x faster than the masked call at 900 new tokens over 7.5k and
-    2,048 over 6k (CPU, 1 thread, ``benchmarks/speed/analysis.md``); equal results up to
-    float rounding (|diff| <= 2e-7 there).
+    causally. Faster than the masked call on long prefixes
+    (``benchmarks/decode/RESULTS.md``); equal results up to float rounding.
 
     Args:
         q: ``[q_len, heads, d]`` (RoPE applied).

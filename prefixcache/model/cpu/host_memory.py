@@ -4,11 +4,11 @@ weights on transparent huge pages, and the KV pool resident from its creation.
 glibc serves allocations above ``M_MMAP_THRESHOLD`` (128 KiB at start, raised
 dynamically) with ``mmap`` and returns them with ``munmap``: every step's activations
 (a 2,048-token prefill of SmolLM2-135M allocates tensors of 2-25 MB per layer) were
-new pages, 286,000-366,000 minor page faults per prefill step. With the mmap threshold at
-glibc's maximum (32 MiB on 64-bit) and trimming off, they come from the heap and are
-reused: 0 faults per step, and the 2k prefill step 1.09-1.12x faster (measured on the
-project's machine, 1 thread, ``benchmarks/speed/analysis.md``). The memory a step peaked
-at stays with the process (as PyTorch's CUDA caching allocator keeps it on a GPU).
+new pages, hundreds of thousands of minor page faults per prefill step. With the mmap
+threshold at glibc's maximum (32 MiB on 64-bit) and trimming off, they come from the heap
+and are reused: no faults per step and a faster prefill (figures in
+``benchmarks/decode/RESULTS.md``). The memory a step peaked at stays with the process
+(as PyTorch's CUDA caching allocator keeps it on a GPU).
 
 ``PREFIXCACHE_KEEP_HEAP=0`` leaves glibc's defaults. Not glibc (musl, macOS): a no-op.
 
@@ -19,10 +19,9 @@ weight once, so with 4 KiB pages it walks about 130,000 pages of weights; Linux 
 advice is given before the first write, so the pages are huge from their first fault (no
 copy). The model's weights come from an arena, and :func:`keep_freed_memory` grows the
 main heap by ``HEAP_RESERVE`` and advises it, so the activations of the thread that
-loaded the model and oneDNN's packed weights land on huge pages too. Measured on the
-project's machine (SmolLM2-135M, float32, 1 thread; ``benchmarks/speed/analysis.md``):
-decode steps 1.13-1.18x faster (paired, in one process), a cold 2k prefill about 1.05x
-(separate processes, noisy). ``PREFIXCACHE_HUGE_PAGES=0`` turns all of it off; not
+loaded the model and oneDNN's packed weights land on huge pages too: fewer TLB misses in
+a step that streams every weight (``benchmarks/decode/RESULTS.md`` has the speed-up).
+``PREFIXCACHE_HUGE_PAGES=0`` turns all of it off; not
 Linux, or not a CPU tensor: plain ``torch.empty``.
 
 The KV pool (:func:`zeros`) is not on huge pages: it is faulted in whole when it is made,
@@ -195,11 +194,10 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype,
     fault in one by one inside their prefill steps. On Linux (CPU, from
     ``MIN_MAPPING_BYTES`` up) a mapping of its own on 4 KiB pages, populated
     (``MADV_POPULATE_WRITE``; written with zeros on a kernel before 5.14), kept out of
-    the heap and off huge pages. Measured on the project's machine (a VM, THP
-    ``madvise``; ``benchmarks/speed/analysis.md``): a 2 GiB pool on huge pages faulted in
-    lazily cost a fresh server's first 2,048-token prefills 1.1-1.8 s of kernel time each
-    (6.1-6.7 s against 4.3 s); populating it on huge pages took 8-19 s at start, on 4 KiB
-    pages 0.5 s; decode steps over it were 1.01-1.05x faster on huge pages."""
+    the heap and off huge pages: faulting a large pool in lazily put seconds of kernel
+    time into a fresh server's first prefills, and populating it on huge pages was far
+    slower at start than on 4 KiB pages for little decode gain
+    (``benchmarks/decode/RESULTS.md``)."""
     nbytes = math.prod(shape) * dtype.itemsize
     if torch.device(device).type != "cpu" or nbytes < MIN_MAPPING_BYTES or not _LINUX_MMAP:
         return torch.zeros(shape, dtype=dtype, device=device)

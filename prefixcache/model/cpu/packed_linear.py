@@ -6,11 +6,9 @@ tiles, prefill) run the packed kernel.
 
 On CPU, ``F.linear`` goes to MKL's sgemm, which repacks the whole weight on every call
 with two rows or more. For a vocabulary-sized ``lm_head`` in decode steps (a few rows)
-that copy dominates: on one core of this project's 2-core Xeon, a float32
-``[50257, 512]`` weight took 13.7 ms for 4 rows and 23.1 ms for 8 with ``F.linear``
-against 8.7 ms and 10.2 ms prepacked (6.3 ms for 1 row either way; measured with
-``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``, the ops PyTorch's
-own CPU compiler uses for frozen linear layers). vLLM's CPU backend prepacks its
+that copy dominates (``benchmarks/decode/RESULTS.md``). The weight is packed once with
+``torch.ops.mkldnn._reorder_linear_weight`` and run by ``_linear_pointwise``, the ops
+PyTorch's own CPU compiler uses for frozen linear layers. vLLM's CPU backend prepacks its
 linear weights with oneDNN for the same reason.
 
 Steps of one to eight rows (decode) run the weight-streaming kernel of

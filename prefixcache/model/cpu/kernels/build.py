@@ -21,14 +21,10 @@ of the decoder layer (``fused_ops.cpp``: compiled without fast-math by a pragma,
 must return torch's bits) and the linear kernel of 1-8 rows (``small_gemm.cpp``).
 The compute backend chooses at load whether they run (``EngineConfig.compute_backend``:
 ``cpu-kernels`` on any CPU; ``auto`` only where the CPU has AVX-512F, :func:`isa_supported`):
-their tiles are sized for 32 zmm registers, and on an AVX2-only AMD EPYC
-(16 ymm registers, measured 2026-12-02, bench model in process, one thread) they were slower
-than torch ops: cold 1,984-token prefill 6.95 s with them against 2.33 s without, a 64-token
-chunk over 1,984 cached tokens 485 ms against 149 ms, TPOT at 512 tokens 56.3 ms against
-36.5 ms; the prefill kernel alone 684 ms against SDPA's 511 ms on 2,048 tokens. Built for
-AVX2 on an AVX-512 CPU they are 2.5-3.8x slower than torch ops, where the native build is
-1.1-1.3x faster (benchmarks/speed/avx2_kernels/RESULTS.md): GCC splits the 64-byte vectors
-through xmm moves and stack spills, and the small GEMM falls back to a scalar loop. When the
+their tiles are sized for 32 zmm registers, and with 16 ymm registers (AVX2 only) they
+are slower than torch ops: GCC splits the 64-byte vectors through xmm moves and stack
+spills, and the small GEMM falls back to a scalar loop (figures in
+``benchmarks/decode/RESULTS.md``). When the
 build fails (no compiler), :func:`load` logs why once and returns ``None``, and the model
 runs torch ops.
 """

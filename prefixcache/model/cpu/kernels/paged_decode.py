@@ -3,7 +3,7 @@
 The kernel walks each decode row's page table and reads its keys and values where they
 lie in the pool, with an online softmax per page: no gathered copy of the context (the
 copy and the padded SDPA were half of a multi-sequence decode step,
-``benchmarks/speed/analysis.md``). Built with the other CPU kernels (:mod:`.build`).
+``benchmarks/decode/RESULTS.md``). Built with the other CPU kernels (:mod:`.build`).
 Used by :mod:`prefixcache.model.cpu.backend` when its ``decode_kernel`` switch is on (off,
 attention gathers pages, as on CUDA).
 """

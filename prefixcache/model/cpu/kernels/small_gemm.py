@@ -1,10 +1,8 @@
 """Linear layers of a few rows (decode steps) on the CPU, from ``small_gemm.cpp``.
 
 At one to eight rows a linear layer is bound by reading its weight once. oneDNN's packed
-GEMM and MKL's sgemm read it at well below that rate at 2-8 rows (a vocabulary-sized
-``lm_head`` ``[49152, 576]``: 1.19-1.25x slower than this kernel at 4 and 8 rows; the
-decoder's projections 1.10-1.37x; 1.01-1.08x at one row: paired rounds on one core of
-the project's 2-core Xeon, ``benchmarks/speed/analysis.md``). Here each block of four
+GEMM and MKL's sgemm read it at well below that rate at 2-8 rows
+(``benchmarks/decode/RESULTS.md``). Here each block of four
 weight rows is read from memory once and dotted with every x row while in L1; an output
 element is summed in the same order whatever the number of rows, so a row's result does
 not depend on the other rows of the step. Built with the other CPU kernels
