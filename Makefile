@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint bench peers clean-venv redis
+.PHONY: demo test lint docs bench peers clean-venv redis
 
 $(BIN)/prefixcache: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +33,10 @@ redis:
 lint: $(BIN)/prefixcache
 	$(BIN)/ruff check prefixcache tests scripts
 	$(BIN)/mypy
+
+# the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link fails
+docs: $(BIN)/prefixcache
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(BIN)/prefixcache
 	$(BIN)/prefixcache bench --workload all --out benchmarks/serving/latest

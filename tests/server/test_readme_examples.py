@@ -1,9 +1,10 @@
-"""The README's server examples, run as written against a live server, and their claims.
+"""The server examples of the docs and the README, run as written against a live server.
 
-The ``curl`` block and the ``openai`` block of the README's server section are extracted,
-pointed at a fresh server's port, and run in the README's order (the figures of the second
-block depend on the first). Each prints ``<prompt> prompt, <cached> cached:`` and the
-answer per call; the README shows what they print in the ``text`` block after each.
+The ``curl`` block and the ``openai`` block of ``docs/server.md``'s examples section are
+extracted, pointed at a fresh server's port, and run in the page's order. Each prints
+``<prompt> prompt, <cached> cached:`` and the answer per call; the page shows what they
+print in the ``text`` block after each. The README's "Serve a model" section shows the
+``openai`` block and its output again: they must be the page's, character for character.
 
 * ``builtin:tiny`` served as ``smollm2-135m-instruct-q4_1`` (fast): every call's
   ``cached_tokens`` equals the page arithmetic of the hit rule, computed from the tiny
@@ -51,16 +52,25 @@ class Example:
     salt: str | None
 
 
+def section(path: Path, heading: str) -> str:
+    text = path.read_text()
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
 def server_section() -> str:
-    text = (REPO / "README.md").read_text()
-    start = text.index("## Server (OpenAI-compatible)")
-    return text[start:text.index("\n## ", start + 1)]
+    return section(REPO / "docs" / "server.md", "## Examples: a hit, seen from the client")
 
 
-def readme_examples() -> list[Example]:
-    """The section's ``bash`` block that calls ``curl`` and its ``python`` block, each with
+def readme_section() -> str:
+    return section(REPO / "README.md", "## Serve a model and see a hit")
+
+
+def examples_in(text: str) -> list[Example]:
+    """The text's ``bash`` block that calls ``curl`` and its ``python`` block, each with
     the ``text`` block that follows it."""
-    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", server_section(), re.MULTILINE | re.DOTALL)
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
     out = []
     for i, (lang, code) in enumerate(blocks):
         if (lang == "bash" and "curl " in code) or (lang == "python" and "OpenAI(" in code):
@@ -70,7 +80,13 @@ def readme_examples() -> list[Example]:
             salt = re.search(r'"cache_salt": "([^"]+)"', code)
             out.append(Example(lang, code, shown, re.findall(ask, code, re.MULTILINE),
                                salt.group(1) if salt else None))
-    assert [e.lang for e in out] == ["bash", "python"], "README server examples not found"
+    return out
+
+
+def readme_examples() -> list[Example]:
+    """The server page's two examples (``curl``, then ``openai``)."""
+    out = examples_in(server_section())
+    assert [e.lang for e in out] == ["bash", "python"], "the server examples were not found"
     return out
 
 
@@ -140,7 +156,17 @@ def test_readme_examples_find_their_inputs():
         assert len(ex.questions) == 2, ex.questions
         assert len(figures(ex.shown)) == 2, ex.shown
     assert [ex.salt for ex in examples] == [None, "project-42"]
-    assert f"--model {SERVED}" in server_section()
+    assert f"--model {SERVED}" in server_section() + section(REPO / "docs" / "server.md",
+                                                              "# Server API")
+
+
+def test_readme_shows_the_server_page_openai_example():
+    readme = examples_in(readme_section())
+    assert [e.lang for e in readme] == ["python"], "the README's openai example not found"
+    page = readme_examples()[1]
+    assert readme[0].code == page.code
+    assert readme[0].shown == page.shown
+    assert f"prefixcache serve --model {SERVED} --port {README_PORT}" in readme_section()
 
 
 def test_readme_examples_hit_as_the_page_arithmetic_says(tmp_path):
@@ -186,11 +212,17 @@ def test_readme_examples_print_the_readme_figures_on_the_default_model(tmp_path)
         srv.stop()
 
 
+def docs_text() -> str:
+    """The README and every page of the documentation."""
+    pages = sorted((REPO / "docs").rglob("*.md"))
+    return "\n".join(p.read_text() for p in [REPO / "README.md", *pages])
+
+
 def test_readme_commands_write_under_the_ignored_scratch_folder():
-    text = (REPO / "README.md").read_text()
+    text = docs_text()
     code = "\n".join(re.findall(r"^```bash\n(.*?)^```$", text, re.MULTILINE | re.DOTALL))
     outputs = re.findall(r"--(?:json|plots) (\S+)", code)
-    assert len(outputs) == 3, outputs   # bench --json, analyze --json and --plots
+    assert len(outputs) == 3, outputs   # bench --json, analyze --json and --plots (docs)
     scratch = paths.scratch_dir().relative_to(REPO).as_posix()
     assert scratch == "benchmarks/_scratch"
     for out in outputs:
@@ -202,7 +234,7 @@ def test_readme_commands_write_under_the_ignored_scratch_folder():
 def test_readme_names_the_cache_folders_the_code_uses(monkeypatch):
     for var in ("PREFIXCACHE_CACHE_DIR", "XDG_CACHE_HOME", "PREFIXCACHE_BENCH_MODEL"):
         monkeypatch.delenv(var, raising=False)
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "files.md").read_text()
     home = Path.home()
     sub = argparse.ArgumentParser().add_subparsers()
     model_cache = engine_perf.add_parser(sub).parse_args([]).model_cache
