@@ -40,7 +40,7 @@ def idle_sizes() -> dict[str, int]:
             "inflight._owner": 0, "inflight._owned": 0,
             "pool.owner": POOL, "pool.pinned": POOL, "pool.usage": 0,
             "pins.pins": 0, "pins.pin_count": POOL, "pins._of_page": 0, "pins._expiry": 0,
-            "pins.counters": 9, "quotas.fractions": 0,
+            "pins.counters": 11, "quotas.fractions": 0,  # a fixed set of counters
             "pins.demotion.waiting": 0, "pins.demotion._refs": 0}
 
 
