@@ -23,7 +23,7 @@ def _error(capsys, command: str, *argv: str) -> str:
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
+    return err.strip().splitlines()[0]  # the error first, then a one-line usage
 
 
 @pytest.mark.parametrize("flag", FLAGS)
@@ -66,7 +66,7 @@ def test_cli_prints_one_usage_error_not_a_traceback():
     r = subprocess.run([sys.executable, "-m", "prefixcache.cli", "serve", "--host-cache-gib",
                         "inf"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines()[-1] == (
+    assert r.stderr.strip().splitlines()[0] == (
         "prefixcache serve: error: argument --host-cache-gib: must be a finite number of "
         "GiB, got 'inf'")
 
