@@ -18,11 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -77,9 +78,11 @@ def stop_groups(pgids: list[int], deadline_s: float = 60.0) -> None:
     for pgid in pgids:
         if group_alive(pgid):
             os.killpg(pgid, signal.SIGTERM)
-    end = time.monotonic() + deadline_s
-    while any(group_alive(g) for g in pgids) and time.monotonic() < end:
-        time.sleep(0.2)  # polling the state we wait for, not a fixed wait
+    try:
+        wait_until(lambda: not any(group_alive(g) for g in pgids), "the examples' processes "
+                   "to exit", deadline_s=deadline_s, poll_s=0.2)
+    except AssertionError:
+        pass  # still running: killed below
     for pgid in pgids:
         if group_alive(pgid):
             os.killpg(pgid, signal.SIGKILL)

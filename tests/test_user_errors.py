@@ -23,7 +23,7 @@ from prefixcache.model import gguf_cache
     (["bench-cache", "mooncake", "--limit", "0"], "--limit"),
     (["bench-cache", "mooncake", "--concurrency", "0"], "--concurrency"),
     (["bench", "--concurrency", "0"], "--concurrency/-c"),
-    (["bench", "--threads", "0"], "--threads"),
+    (["bench", "--threads", "-1"], "--threads"),  # 0: each engine's default
 ])
 def test_counts_below_one_are_argparse_errors_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as e:

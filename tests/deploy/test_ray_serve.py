@@ -142,7 +142,8 @@ def test_same_answers_as_serve(cluster):
     bad = httpx.post(cluster + "/v1/completions", headers=ALICE, timeout=60,
                      json={"model": MODEL, "prompt": "x", "max_tokens": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
-    anon = httpx.post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "x"})
+    anon = httpx.post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "x"},
+                      timeout=60)
     assert anon.status_code == 401
 
 

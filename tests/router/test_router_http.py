@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from prefixcache.cache.page_keys import PromptKeys
 from prefixcache.model.loader import load_tokenizer
 from prefixcache.router.app import RouterSettings, create_router_app
-from prefixcache.cache.page_keys import PromptKeys
 from prefixcache.router.replicas import ReplicaSet
 from prefixcache.router.specs import ReplicaSpec
 from tests.helpers import http_checks as hc
