@@ -51,11 +51,6 @@ log = logging.getLogger(__name__)
 GROUP_PAGES = 32  # most pages per stored group (one disk file)
 
 
-def page_nbytes(kv: KVPool) -> int:
-    """Bytes of one exported KV page of ``kv`` (K and V of every layer)."""
-    return kv.page_nbytes
-
-
 def check_tier_budgets(config: EngineConfig, page_bytes: int) -> None:
     """Refuse a tier budget that cannot hold one KV page (``page_bytes``): every store
     would be dropped. Raises ValueError naming the field and the minimum."""
@@ -93,7 +88,7 @@ class KVTiers:
         self.kv = kv
         self.fingerprint = tier_fingerprint(fingerprint)
         self.tiers: list[Tier] = []
-        check_tier_budgets(config, page_nbytes(kv))
+        check_tier_budgets(config, kv.page_nbytes)
         if config.host_cache_bytes:
             self.tiers.append(HostTier(config.host_cache_bytes, config.max_pinned_fraction))
         if config.disk_cache_dir:
@@ -345,7 +340,7 @@ class KVTiers:
         for t in self.tiers:
             now, was = t.stats(), before[t.name]
             log.info("KV tier %s: %d pages written at shutdown (%d store failures), %d pages "
-                     "held", t.name, (now.store_bytes - was.store_bytes) // page_nbytes(self.kv),
+                     "held", t.name, (now.store_bytes - was.store_bytes) // self.kv.page_nbytes,
                      now.failures - was.failures, now.pages)
             t.close()
 

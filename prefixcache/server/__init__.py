@@ -6,6 +6,5 @@ SSE and logprob rendering), :mod:`.serving` (runs a prepared request), :mod:`.bo
 (bodies parsed into :mod:`.protocol`'s types), :mod:`.crosssite` (Content-Type / Origin /
 Host checks), :mod:`.metrics` (Prometheus), :mod:`.app` (FastAPI routes), :mod:`.cli` (the
 ``serve`` subcommand). What every HTTP app shares (error objects, API keys, body limit,
-draining shutdown, header timeout, log safety) is :mod:`prefixcache.http`; ``.errors``,
-``.auth``, ``.drain`` and ``.logsafe`` here re-export it.
+draining shutdown, header timeout, log safety) is :mod:`prefixcache.http`.
 """

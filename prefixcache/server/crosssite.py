@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
-from prefixcache.server.errors import PERMISSION, APIError, error_body
+from prefixcache.http.errors import PERMISSION, APIError, error_body
 
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 

@@ -22,8 +22,8 @@ from prefixcache.engine.miss_diagnostics import (
     DiagnosticsRequest,
     diagnostics_request,
 )
+from prefixcache.http.errors import bad_request
 from prefixcache.sampling_params import ParamError
-from prefixcache.server.errors import bad_request
 
 HEADER = "x-cache-diagnostics"
 ANTHROPIC_BETA = "cache-diagnosis-"

@@ -29,11 +29,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from prefixcache.engine.miss_diagnostics import message_anchors
+from prefixcache.http.errors import APIError
 from prefixcache.server import anthropic_sse as sse
 from prefixcache.server import anthropic_wire as wire
 from prefixcache.server.anthropic_check import check_body
 from prefixcache.server.diagnostics import anthropic_ask, anthropic_diagnostics
-from prefixcache.server.errors import APIError
 from prefixcache.server.protocol import ChatCompletionRequest, parse_body
 
 log = logging.getLogger(__name__)

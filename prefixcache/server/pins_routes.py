@@ -2,7 +2,7 @@
 
 A pin is made by a completion with the ``cache_ttl`` extension (``max_tokens: 0``
 pre-stores a prefix without generating); see ``prefixcache/cache/pins.py``. The tenant
-comes from the API key (``server/auth.py``), never from the request, and a tenant only
+comes from the API key (``http/auth.py``), never from the request, and a tenant only
 ever sees or removes its own pins: another tenant's hash answers 404 exactly like an
 unknown one, so nothing reveals that it exists. ``DELETE /v1/cache/pins`` or
 ``/v1/cache/pins/`` (no hash) is a 400 naming ``prefix_hash``, not a redirect.
@@ -12,10 +12,10 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from prefixcache.http.auth import Principal
+from prefixcache.http.errors import APIError, bad_request
 from prefixcache.sampling_params import ParamError
-from prefixcache.server.auth import Principal
 from prefixcache.server.crosssite import check_origin
-from prefixcache.server.errors import APIError, bad_request
 
 
 def _principal(request: Request) -> Principal:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from prefixcache.server.errors import APIError, bad_request
+from prefixcache.http.errors import APIError, bad_request
 from prefixcache.text.messages import MessageError, check_messages
 
 # OpenAI fields accepted and ignored (they do not change the generated tokens).

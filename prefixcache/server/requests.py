@@ -19,11 +19,11 @@ from typing import Any
 
 from prefixcache.cache.pins import MAX_PIN_TTL_S, MIN_PIN_TTL_S
 from prefixcache.engine.miss_diagnostics import message_anchors
+from prefixcache.http.errors import APIError, bad_request
+from prefixcache.http.logsafe import name_list
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams, StructuredOutputsParams
 from prefixcache.server.diagnostics import openai_ask
-from prefixcache.server.errors import APIError, bad_request
-from prefixcache.server.logsafe import name_list
 from prefixcache.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,

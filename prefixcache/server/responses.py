@@ -31,10 +31,10 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from prefixcache.http.drain import ShuttingDown
+from prefixcache.http.errors import SERVER_ERROR
 from prefixcache.outputs import CompletionOutput, Logprob, RequestOutput
 from prefixcache.sampling_params import SamplingParams
-from prefixcache.server.drain import ShuttingDown
-from prefixcache.server.errors import SERVER_ERROR
 from prefixcache.server.tools import ToolPlan
 from prefixcache.text.tool_parsers.streaming import (
     ArgumentsDelta,

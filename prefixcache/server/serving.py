@@ -13,7 +13,7 @@ are aborted and their pages return to the pool.
 Admission: a request with more prompts than the waiting queue holds
 (``--max-waiting-requests``) could never be admitted, since all its prompts enter that
 queue at once: it gets 400 naming ``prompt``, not a 429 that no retry satisfies. Once
-the server is shutting down (:mod:`.drain`) new requests get 503; running ones that
+the server is shutting down (:mod:`prefixcache.http.drain`) new requests get 503; running ones that
 outlive the grace period end with a ``server_shutting_down`` error (an SSE error event
 then ``[DONE]``, or a JSON 503).
 """
@@ -29,12 +29,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from prefixcache.engine.engine import QueueFullError
+from prefixcache.http.auth import Principal
+from prefixcache.http.drain import Drain, ShuttingDown
+from prefixcache.http.errors import RATE_LIMIT, SERVER_ERROR, APIError, bad_request
 from prefixcache.outputs import RequestOutput
 from prefixcache.sampling_params import ParamError, SamplingParams
 from prefixcache.server.async_engine import AsyncEngine, EngineDeadError, RequestSpec
-from prefixcache.server.auth import Principal
-from prefixcache.server.drain import Drain, ShuttingDown
-from prefixcache.server.errors import RATE_LIMIT, SERVER_ERROR, APIError, bad_request
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.requests import RequestPreparer, param_error
 from prefixcache.server.responses import EngineFailure, Prepared, ResponseRenderer

@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from prefixcache.cache.sessions import check_session_id
+from prefixcache.http.errors import APIError, bad_request
 from prefixcache.sampling_params import ParamError
 from prefixcache.server.crosssite import check_origin
-from prefixcache.server.errors import APIError, bad_request
 from prefixcache.server.pins_routes import _principal
 
 HEADER = "x-session-id"

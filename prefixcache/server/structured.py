@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefixcache.http.errors import bad_request
 from prefixcache.sampling_params import ParamError, StructuredOutputsParams
-from prefixcache.server.errors import bad_request
 
 GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
                  "guided_grammar": "grammar"}

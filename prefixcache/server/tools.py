@@ -34,8 +34,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefixcache.http.errors import bad_request
 from prefixcache.sampling_params import ParamError
-from prefixcache.server.errors import bad_request
 from prefixcache.text.grammar_ebnf import tool_call_grammar
 from prefixcache.text.tool_parsers.base import ToolParser
 from prefixcache.text.tool_parsers.registry import PARSERS, detect_parser, get_parser

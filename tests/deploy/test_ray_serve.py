@@ -19,8 +19,8 @@ from prefixcache.config import EngineConfig  # noqa: E402
 from prefixcache.deploy.ray.app import DeploySettings, build_application  # noqa: E402
 from prefixcache.deploy.ray.ingress import REPLICA_FAILED  # noqa: E402
 from prefixcache.deploy.ray.messages import PREDICTED_HEADER, REPLICA_HEADER  # noqa: E402
+from prefixcache.http.auth import Authenticator  # noqa: E402
 from prefixcache.server.app import ServerSettings  # noqa: E402
-from prefixcache.server.auth import Authenticator  # noqa: E402
 from tests.helpers.wait import wait_until  # noqa: E402
 from tests.server.live import KEYS, expected_hit, free_port, unique_prompt  # noqa: E402
 

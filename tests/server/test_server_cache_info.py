@@ -11,8 +11,8 @@ from starlette.testclient import TestClient
 from prefixcache.cache.hashing import seed_digest
 from prefixcache.config import DEFAULT_HASH_ROOT_SEED, HASH_SEED_ENV, EngineConfig
 from prefixcache.engine.engine import LLMEngine
+from prefixcache.http.auth import Authenticator
 from prefixcache.server.app import ServerSettings, create_app
-from prefixcache.server.auth import Authenticator
 
 
 def test_the_live_single_tenant_server_with_allow_reset_gives_the_seed(server):

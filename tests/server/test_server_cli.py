@@ -10,9 +10,9 @@ from starlette.testclient import TestClient
 
 import prefixcache.engine.engine as engine_module
 from prefixcache.cli import build_parser, main
+from prefixcache.http.errors import APIError
 from prefixcache.model.registry import DEFAULT_MODEL
 from prefixcache.server.cli import build_app, check_port, served_name
-from prefixcache.server.errors import APIError
 
 
 def _args(*argv: str):

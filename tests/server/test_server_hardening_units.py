@@ -10,7 +10,10 @@ import threading
 
 import pytest
 
+from prefixcache.http.auth import KeyFileError, load_key_file
 from prefixcache.http.bodies import PARSE_IN_THREAD_BYTES
+from prefixcache.http.drain import Drain, ShuttingDown
+from prefixcache.http.logsafe import MAX_MESSAGE_CHARS, SafeFormatter, clean, name_list
 from prefixcache.sampling_params import (
     MAX_STOP_BYTES,
     MAX_STOP_STRINGS,
@@ -19,10 +22,7 @@ from prefixcache.sampling_params import (
     SamplingParams,
 )
 from prefixcache.server import bodies
-from prefixcache.server.auth import KeyFileError, load_key_file
 from prefixcache.server.crosssite import default_allowed_hosts, host_name, is_json_type
-from prefixcache.server.drain import Drain, ShuttingDown
-from prefixcache.server.logsafe import MAX_MESSAGE_CHARS, SafeFormatter, clean, name_list
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from tests.helpers.wait import DEADLINE_S
 

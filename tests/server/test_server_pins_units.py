@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from prefixcache.server.auth import Authenticator, KeyFileError
-from prefixcache.server.errors import APIError
+from prefixcache.http.auth import Authenticator, KeyFileError
+from prefixcache.http.errors import APIError
 from prefixcache.server.metrics import ServerMetrics
 from prefixcache.server.requests import pin_ttl
 

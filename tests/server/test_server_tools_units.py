@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prefixcache.server.errors import APIError
+from prefixcache.http.errors import APIError
 from prefixcache.server.responses import chat_message, tool_deltas
 from prefixcache.server.tools import choose_parser, forced_grammar, plan_tools
 from prefixcache.server.transcripts import TranscriptTokens

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from prefixcache.http.auth import Authenticator, KeyFileError, load_key_file
+from prefixcache.http.errors import APIError
 from prefixcache.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from prefixcache.server.async_engine import AsyncEngine, RequestSpec
-from prefixcache.server.auth import Authenticator, KeyFileError, load_key_file
-from prefixcache.server.errors import APIError
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from tests.helpers.wait import DEADLINE_S, wait_until
 

@@ -32,10 +32,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from prefixcache.cache.page_keys import PromptKeys
 from prefixcache.deploy.ray.messages import PREDICTED_HEADER, ReplicaRequest, ResponseHead
+from prefixcache.http.auth import Authenticator
+from prefixcache.http.errors import SERVER_ERROR, APIError, error_body
 from prefixcache.server.anthropic_sse import stream_error
-from prefixcache.server.auth import Authenticator
 from prefixcache.server.bodies import DEFAULT_MAX_BODY_BYTES, parse_json, read_body
-from prefixcache.server.errors import SERVER_ERROR, APIError, error_body
 from prefixcache.server.messages import error_response, translate
 from prefixcache.server.protocol import ChatCompletionRequest, CompletionRequest
 from prefixcache.server.requests import RequestPreparer
