@@ -224,10 +224,7 @@ class LLMEngine:
                 pin_ttl_s = check_pin_ttl(pin_ttl_s)
             except ValueError as exc:
                 raise ParamError("pin_ttl_s", str(exc)) from None
-        try:
-            check_session_id(session_id)
-        except ValueError as exc:
-            raise ParamError("session_id", str(exc)) from None
+        _check_session_id(session_id)
         if diagnostics is not None and not isinstance(diagnostics, DiagnosticsRequest):
             raise ParamError("diagnostics", "must be a DiagnosticsRequest or None")
         limit = self.config.max_waiting_requests
@@ -531,10 +528,7 @@ class LLMEngine:
             ParamError: ``session_id`` is not a string of 1 to 256 characters.
         """
         check_namespace(tenant=tenant)
-        try:
-            check_session_id(session_id)
-        except ValueError as exc:
-            raise ParamError("session_id", str(exc)) from None
+        _check_session_id(session_id)
         return self.sessions.close(tenant, session_id)
 
     def session_info(self, session_id: str, tenant: str | None = None) -> dict | None:
@@ -568,3 +562,11 @@ class LLMEngine:
         report = self.cache.reset()
         self._send_events()
         return report
+
+
+def _check_session_id(session_id: object) -> None:
+    """Raises ParamError naming ``session_id`` unless it is None or 1 to 256 characters."""
+    try:
+        check_session_id(session_id)
+    except ValueError as exc:
+        raise ParamError("session_id", str(exc)) from None

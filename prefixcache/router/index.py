@@ -89,6 +89,16 @@ class PageIndex:
         """Forget everything about ``replica`` (restart, gap, unhealthy, left). O(1)."""
         self._epoch[replica] = self._epoch.get(replica, 0) + 1
 
+    def apply(self, replica: int, kind: str, hashes: Sequence[bytes]) -> None:
+        """One KV event of ``replica`` as the subscriber delivers it: ``stored``,
+        ``removed``, or anything else (``cleared``, a gap) to clear."""
+        if kind == "stored":
+            self.stored(replica, hashes)
+        elif kind == "removed":
+            self.removed(replica, hashes)
+        else:
+            self.clear(replica)
+
     def match(self, hashes: Sequence[bytes], replicas: Sequence[int], now: float
               ) -> dict[int, int]:
         """Leading pages of ``hashes`` each replica holds (a live entry for every page

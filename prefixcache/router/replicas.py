@@ -82,12 +82,7 @@ class ReplicaSet:
     def apply_event(self, replica: int, kind: str, hashes: list[bytes]) -> None:
         """One KV event of ``replica``: ``stored``, ``removed`` or ``cleared``."""
         with self.lock:
-            if kind == "stored":
-                self.index.stored(replica, hashes)
-            elif kind == "removed":
-                self.index.removed(replica, hashes)
-            else:
-                self.index.clear(replica)
+            self.index.apply(replica, kind, hashes)
 
     # -- health ------------------------------------------------------------------------
     def set_health(self, replica: int, healthy: bool) -> None:

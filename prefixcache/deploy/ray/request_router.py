@@ -129,12 +129,7 @@ class PrefixCacheRouter(RequestRouter):
 
         def apply(kind: str, hashes: list[bytes]) -> None:
             with self.lock:
-                if kind == "stored":
-                    self.index.stored(slot, hashes)
-                elif kind == "removed":
-                    self.index.removed(slot, hashes)
-                else:
-                    self.index.clear(slot)
+                self.index.apply(slot, kind, hashes)
 
         sub = EventSubscriber(endpoint, stats.get(STATS_REPLAY), apply)
         self.subscribers[slot] = sub
