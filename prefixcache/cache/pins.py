@@ -328,15 +328,15 @@ class PinRegistry:
         position as demoted and waits for the hash to come back (:meth:`on_reload`)."""
         for pin in sorted((self.pins[k] for k in self._of_page.get(page, ())),
                           key=lambda p: p.seq):
+            i = pin.pages.index(page)
             if (pin.session is not None and not (evicted and self.demotion.enabled)
-                    and pin.pages.index(page) > 0 and None not in pin.pages):
-                self._truncate(pin, pin.pages.index(page))
+                    and i > 0 and None not in pin.pages):
+                self._truncate(pin, i)  # a transcript keeps the prefix before the page
                 continue
             if not (evicted and self.demotion.enabled and pin.hashes):
                 self._remove(pin)
                 self.counters["pins_evicted"] += 1
                 continue
-            i = pin.pages.index(page)
             pin.pages = pin.pages[:i] + (None,) + pin.pages[i + 1:]
             self._let_go(page, pin.key)
             self.demotion.await_hash(pin.hashes[i], pin.key)
