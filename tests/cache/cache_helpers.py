@@ -67,3 +67,14 @@ def find_colliding_page(mgr: KVCacheManager, page: list[int], *, prefix: list[in
         if cand != list(page) and h(cand) == target:
             return cand
     raise AssertionError("no collision found")
+
+
+class Clock:
+    """A settable clock for pins and sessions (seconds): tests move ``t`` instead of
+    waiting."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t

@@ -6,17 +6,9 @@ import pytest
 from prefixcache.cache import KVCacheManager, PageState
 from prefixcache.cache.invariants import InvariantError, check_invariants
 from prefixcache.cache.pins import PinCapError
-from tests.cache.cache_helpers import serve
+from tests.cache.cache_helpers import Clock, serve
 
 BS = 4
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def prompt(k: int, pages: int) -> list[int]:

@@ -5,17 +5,9 @@ from __future__ import annotations
 from prefixcache.cache import KVCacheManager, PageState
 from prefixcache.cache.invariants import check_invariants
 from prefixcache.cache.sessions import SessionRegistry
-from tests.cache.cache_helpers import admit, prefill, serve
+from tests.cache.cache_helpers import Clock, admit, prefill, serve
 
 BS = 4
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def tokens(k: int, n: int) -> list[int]:
