@@ -255,6 +255,7 @@ import sys
 from prefixcache.cache.identity import model_fingerprint, tier_fingerprint
 from prefixcache.cache.page_keys import PromptKeys
 import prefixcache.router, prefixcache.router.cli, prefixcache.router.replica_info
+import prefixcache.router.app, prefixcache.gateway.app, prefixcache.gateway.cli
 fp = model_fingerprint("builtin:tiny", "float32", 16)
 keys = PromptKeys(fp, "prefixcache/v1", 16)
 print(fp, tier_fingerprint(fp).hex())
@@ -265,9 +266,10 @@ print(sorted(m for m in ("torch", "xgrammar", "transformers") if m in sys.module
 
 
 def test_page_keys_and_the_router_package_import_no_torch_when_run():
-    """Import the key code and the router's modules that compute or check keys in a
-    fresh interpreter, compute keys: no torch in ``sys.modules``, and the keys are the
-    engines' (exact values, as computed before the fingerprint left the engine)."""
+    """Import the key code, the router's app and the gateway's in a fresh interpreter
+    (xgrammar, which imports torch, loads only where a grammar is built) and compute
+    keys: no torch in ``sys.modules``, and the keys are the engines' (exact values, as
+    computed before the fingerprint left the engine)."""
     import subprocess
     import sys
 

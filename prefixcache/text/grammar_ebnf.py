@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
-
-import xgrammar as xgr
+from typing import TYPE_CHECKING, Any
 
 from prefixcache.sampling_params import ParamError
+
+if TYPE_CHECKING:  # xgrammar imports torch and transformers: only where a grammar is built
+    import xgrammar as xgr
 
 MAX_JSON_WHITESPACE = 16  # characters in one run of free whitespace between JSON tokens
 
@@ -38,6 +39,8 @@ def json_schema_grammar(schema: dict[str, Any] | str, *, any_whitespace: bool = 
     Raises:
         ParamError: the schema is invalid or uses a feature xgrammar does not support.
     """
+    import xgrammar as xgr
+
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
         grammar = xgr.Grammar.from_json_schema(
@@ -107,6 +110,8 @@ def tool_call_grammar(begin: str, schemas: list[dict[str, Any]], end: str,
         raise ValueError("tool_call_grammar needs at least one schema")
     if min_calls < 0 or (max_calls is not None and max_calls < max(min_calls, 1)):
         raise ValueError(f"bad call bounds: min_calls={min_calls}, max_calls={max_calls}")
+    import xgrammar as xgr
+
     values = xgr.Grammar.union(*[json_schema_grammar(s, any_whitespace=any_whitespace,
                                                      param="tools") for s in schemas])
     call = xgr.Grammar.concat(xgr.Grammar.from_ebnf(f"root ::= {ebnf_literal(begin)}"),
